@@ -1,0 +1,16 @@
+//! gpulane's activities: what each activity type takes, checks and returns, independent of
+//! how Temporal delivers it. The runtime hands a JSON payload and the serving lane's
+//! device to [`DeviceActivities::run`] and turns the result or [`ActivityError`] into a
+//! Temporal completion.
+#![warn(missing_docs)]
+
+mod embed;
+mod error;
+mod limits;
+mod service;
+
+pub use crate::{
+    error::ActivityError,
+    limits::Limits,
+    service::{DeviceActivities, ModelSet},
+};

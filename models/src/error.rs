@@ -1,0 +1,67 @@
+use std::path::PathBuf;
+
+/// What can go wrong loading or running a model. Each variant's doc says whether a retry
+/// can help; the activities layer maps that onto Temporal's non-retryable flag.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file the model directory must contain is missing or unreadable. Not retryable:
+    /// the worker's configuration is wrong.
+    #[error("model file {path}: {source}")]
+    File {
+        /// The file that could not be read.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON file of the model directory does not parse. Not retryable.
+    #[error("model file {path} is not valid: {source}")]
+    Json {
+        /// The file that failed to parse.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The model directory declares something gpulane cannot run. Not retryable.
+    #[error("unsupported model in {path}: {reason}")]
+    Unsupported {
+        /// The model directory.
+        path: PathBuf,
+        /// What is unsupported and what is.
+        reason: String,
+    },
+    /// The tokenizer failed to load or to encode. Not retryable.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A text is longer than the model's maximum sequence length and truncation was
+    /// turned off by the caller. Not retryable: the same input fails again.
+    #[error("texts[{index}] has {tokens} tokens, more than the model's limit of {limit}")]
+    TextTooLong {
+        /// Position of the text in the request.
+        index: usize,
+        /// Its token count, special tokens included.
+        tokens: usize,
+        /// The model's maximum sequence length.
+        limit: usize,
+    },
+    /// The tensor library failed (shape bug, device error, out of memory). Retryable: device
+    /// errors are often transient, and a shape bug shows up in tests, not in production.
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// The operating system refused to start the engine thread. Not retryable here: the
+    /// worker stops at start.
+    #[error("could not start the engine thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// The engine thread is gone (the worker is shutting down). Retryable: another worker
+    /// or a restarted one can serve the task.
+    #[error("the model engine has stopped")]
+    EngineStopped,
+}
+
+impl ModelError {
+    /// Whether running the same input again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ModelError::Candle(_) | ModelError::EngineStopped)
+    }
+}

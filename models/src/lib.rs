@@ -1,0 +1,23 @@
+//! Text models for gpulane: sentence-transformers directories loaded into candle, their
+//! tokenizers, pooling, and the per-device [`Engine`] thread that owns a loaded model.
+//!
+//! This crate knows nothing of Temporal: the activities layer above turns payloads into
+//! engine calls, and the runtime decides which device an engine lives on.
+#![warn(missing_docs)]
+
+mod embedder;
+mod engine;
+mod error;
+mod pooling;
+mod st_dir;
+
+pub use crate::{
+    embedder::{EmbedOptions, Embedder, Embeddings},
+    engine::{Engine, EngineDevice},
+    error::ModelError,
+    pooling::Pooling,
+    st_dir::{ModelInfo, SentenceTransformerDir},
+};
+
+/// Re-exported so callers can name a device without depending on candle directly.
+pub use candle_core::Device;

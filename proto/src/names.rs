@@ -1,0 +1,95 @@
+//! Task queue, activity and failure names. These are the strings a workflow author types;
+//! they live here, once, and README.md lists them.
+
+/// The shared GPU lane: every GPU worker on every host polls it.
+pub const GPU_TOOLS: &str = "gpu-tools";
+/// The shared CPU lane, the fallback when no GPU poller is there.
+pub const CPU_TOOLS: &str = "cpu-tools";
+/// Separates the parts of a private (host- or card-specific) queue name.
+pub const QUEUE_PREFIX_SEPARATOR: char = '.';
+
+/// Activity type names, as registered with Temporal.
+pub mod activity {
+    /// Text embedding: [`crate::EmbedRequest`] in, [`crate::EmbedResponse`] out.
+    pub const EMBED: &str = "embed";
+}
+
+/// Application failure type names a workflow can match on (`ApplicationError.type` in
+/// Python, `ApplicationError.Type()` in Go).
+pub mod failure {
+    /// The input is malformed or over a limit. Never retried.
+    pub const INVALID_INPUT: &str = "InvalidInput";
+    /// The requested model is not served by this worker. Never retried.
+    pub const UNKNOWN_MODEL: &str = "UnknownModel";
+    /// A text is longer than the model allows and `truncate` is false. Never retried.
+    pub const TEXT_TOO_LONG: &str = "TextTooLong";
+    /// An activity type this worker does not serve. Never retried.
+    pub const UNKNOWN_ACTIVITY: &str = "UnknownActivity";
+    /// The model failed on the device. Retried by Temporal's policy.
+    pub const MODEL_FAILURE: &str = "ModelFailure";
+}
+
+/// Makes a host name safe and stable inside a queue name: lower case, and anything but
+/// `[a-z0-9-]` becomes `-`, so that dots in FQDNs do not look like separators.
+pub fn sanitize_host(host: &str) -> String {
+    let s: String = host
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if s.is_empty() {
+        "unknown-host".to_owned()
+    } else {
+        s
+    }
+}
+
+/// The private queue of one card: `gpu-tools.<host>.<gpu-uuid>`. Stable across restarts
+/// (the UUID is burned into the card), unique across hosts, and greppable.
+pub fn gpu_card_queue(host: &str, gpu_uuid: &str) -> String {
+    format!(
+        "{GPU_TOOLS}{QUEUE_PREFIX_SEPARATOR}{}{QUEUE_PREFIX_SEPARATOR}{}",
+        sanitize_host(host),
+        gpu_uuid.trim().to_ascii_lowercase()
+    )
+}
+
+/// The private CPU queue of one host: `cpu-tools.<host>`.
+pub fn cpu_host_queue(host: &str) -> String {
+    format!("{CPU_TOOLS}{QUEUE_PREFIX_SEPARATOR}{}", sanitize_host(host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn card_queue_names_host_and_uuid() {
+        assert_eq!(
+            gpu_card_queue("box-1", "GPU-8f3a2c1e-0000-1111-2222-333344445555"),
+            "gpu-tools.box-1.gpu-8f3a2c1e-0000-1111-2222-333344445555"
+        );
+    }
+
+    #[test]
+    fn host_dots_and_case_do_not_leak_into_queue_names() {
+        assert_eq!(sanitize_host("GPU-Box.example.com"), "gpu-box-example-com");
+        assert_eq!(cpu_host_queue("a.b"), "cpu-tools.a-b");
+        assert_eq!(sanitize_host("  "), "unknown-host");
+    }
+
+    #[test]
+    fn two_cards_of_one_host_get_distinct_queues() {
+        let a = gpu_card_queue("h", "GPU-aaaa");
+        let b = gpu_card_queue("h", "GPU-bbbb");
+        assert_ne!(a, b);
+        assert!(a.starts_with("gpu-tools.h."));
+    }
+}

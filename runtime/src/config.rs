@@ -1,0 +1,291 @@
+//! Command line and environment, in one clap struct (the low level), validated into typed
+//! settings by [`RunArgs::validate`] (the high level). Temporal connection settings use
+//! Temporal's own environment variable names so an existing `temporal` CLI setup works.
+
+use std::{fmt, path::PathBuf};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// gpulane: a Temporal activity worker that puts GPUs (and CPUs) behind task queues.
+#[derive(Debug, Parser)]
+#[command(name = "gpulane", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    /// What to do.
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Connect to Temporal and serve activity task queues until stopped (Ctrl-C / SIGTERM).
+    Run(Box<RunArgs>),
+    /// Print the device inventory and the exact task queue names this host would serve.
+    Devices(DeviceArgs),
+}
+
+/// An API key that never prints.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+/// Which lanes to serve for the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CpuLane {
+    /// Serve `cpu-tools` only when no GPU lane is served.
+    Auto,
+    /// Always serve `cpu-tools`.
+    On,
+    /// Never serve `cpu-tools`.
+    Off,
+}
+
+/// Where devices come from and which ones to serve; shared by `run` and `devices`.
+#[derive(Debug, Clone, Args)]
+pub struct DeviceArgs {
+    /// Declare simulated GPUs instead of reading NVML, as COUNTxSIZE (e.g. 2x16GiB). They
+    /// compute on the CPU and are marked `simulated` in logs and every result.
+    #[arg(long, env = "GPULANE_SIMULATE_GPUS")]
+    pub simulate_gpus: Option<String>,
+
+    /// Which cards to serve: `all`, `none`, or a comma list of NVML indices or UUIDs.
+    /// Applied after CUDA_VISIBLE_DEVICES.
+    #[arg(long, env = "GPULANE_GPUS", default_value = "all")]
+    pub gpus: String,
+
+    /// Whether to serve the `cpu-tools` lane: auto (only without GPU lanes), on, off.
+    #[arg(long, env = "GPULANE_CPU_LANE", value_enum, default_value_t = CpuLane::Auto)]
+    pub cpu_lane: CpuLane,
+
+    /// Host name used in private queue names and worker identity (default: the OS host
+    /// name). Set it when containers get random host names.
+    #[arg(long, env = "GPULANE_HOST")]
+    pub host: Option<String>,
+
+    /// Path of the NVML library (default: the system's libnvidia-ml.so.1).
+    #[arg(long, env = "GPULANE_NVML_LIB")]
+    pub nvml_lib: Option<PathBuf>,
+
+    /// Which CUDA cards this process may use (indices or UUIDs), as CUDA reads it.
+    #[arg(long, env = "CUDA_VISIBLE_DEVICES", hide = true)]
+    pub cuda_visible_devices: Option<String>,
+}
+
+/// `gpulane run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Devices and lanes.
+    #[command(flatten)]
+    pub devices: DeviceArgs,
+
+    /// Temporal frontend, host:port.
+    #[arg(long, env = "TEMPORAL_ADDRESS", default_value = "localhost:7233")]
+    pub address: String,
+
+    /// Temporal namespace.
+    #[arg(long, env = "TEMPORAL_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+
+    /// API key for Temporal Cloud or another authenticating frontend (implies TLS).
+    #[arg(long, env = "TEMPORAL_API_KEY", hide_env_values = true)]
+    pub api_key: Option<Secret>,
+
+    /// Use TLS with the system's roots (implied by the other TLS flags and an API key).
+    #[arg(long, env = "TEMPORAL_TLS")]
+    pub tls: bool,
+
+    /// PEM file of the CA that signed the server's certificate.
+    #[arg(long, env = "TEMPORAL_TLS_SERVER_CA_CERT_PATH")]
+    pub tls_server_ca_cert_path: Option<PathBuf>,
+
+    /// PEM file of this client's certificate, for mTLS.
+    #[arg(
+        long,
+        env = "TEMPORAL_TLS_CLIENT_CERT_PATH",
+        requires = "tls_client_key_path"
+    )]
+    pub tls_client_cert_path: Option<PathBuf>,
+
+    /// PEM file of this client's private key, for mTLS.
+    #[arg(
+        long,
+        env = "TEMPORAL_TLS_CLIENT_KEY_PATH",
+        requires = "tls_client_cert_path"
+    )]
+    pub tls_client_key_path: Option<PathBuf>,
+
+    /// Server name to verify in the server's certificate (default: from the address).
+    #[arg(long, env = "TEMPORAL_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+
+    /// Worker identity prefix shown in Temporal's UI (default: gpulane@HOST:PID). The lane
+    /// is appended, so each worker stays distinguishable.
+    #[arg(long, env = "GPULANE_IDENTITY")]
+    pub identity: Option<String>,
+
+    /// A sentence-transformers model directory to serve, as PATH or NAME=PATH
+    /// (repeatable; the first is the default embedder; NAME defaults to the folder name).
+    #[arg(
+        long = "model",
+        env = "GPULANE_MODEL",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub models: Vec<String>,
+
+    /// Most activities running at once on one card, over all its lanes.
+    #[arg(long, env = "GPULANE_MAX_CONCURRENT_PER_CARD", default_value_t = 8)]
+    pub max_concurrent_per_card: usize,
+
+    /// Most activities running at once on the CPU lane.
+    #[arg(long, env = "GPULANE_MAX_CONCURRENT_CPU", default_value_t = 4)]
+    pub max_concurrent_cpu: usize,
+
+    /// Most texts in one embed call.
+    #[arg(long, env = "GPULANE_MAX_TEXTS", default_value_t = 1024)]
+    pub max_texts: usize,
+
+    /// Most characters in one text.
+    #[arg(long, env = "GPULANE_MAX_TEXT_CHARS", default_value_t = 100_000)]
+    pub max_text_chars: usize,
+
+    /// Most characters over all texts of one call.
+    #[arg(long, env = "GPULANE_MAX_TOTAL_CHARS", default_value_t = 1_000_000)]
+    pub max_total_chars: usize,
+
+    /// Seconds to let running activities finish after a stop signal.
+    #[arg(long, env = "GPULANE_GRACEFUL_SHUTDOWN_SECS", default_value_t = 30)]
+    pub graceful_shutdown_secs: u64,
+}
+
+/// A model the worker serves: its name and directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ModelSpec {
+    pub name: String,
+    pub path: PathBuf,
+}
+
+/// Parses `PATH` or `NAME=PATH`.
+pub(crate) fn parse_model_spec(s: &str) -> Result<ModelSpec, String> {
+    let (name, path) = match s.split_once('=') {
+        Some((n, p)) if !n.is_empty() && !n.contains('/') => (Some(n.to_owned()), PathBuf::from(p)),
+        _ => (None, PathBuf::from(s)),
+    };
+    let name = match name {
+        Some(n) => n,
+        None => path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .filter(|f| !f.is_empty())
+            .ok_or_else(|| {
+                format!("--model {s:?}: cannot name a model after this path; use NAME=PATH")
+            })?,
+    };
+    Ok(ModelSpec { name, path })
+}
+
+/// Which cards `--gpus` selects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GpuSelection {
+    All,
+    None,
+    /// NVML indices or UUIDs.
+    Some(Vec<String>),
+}
+
+impl DeviceArgs {
+    pub(crate) fn gpu_selection(&self) -> GpuSelection {
+        match self.gpus.trim() {
+            "all" | "" => GpuSelection::All,
+            "none" => GpuSelection::None,
+            list => GpuSelection::Some(list.split(',').map(|s| s.trim().to_owned()).collect()),
+        }
+    }
+}
+
+impl RunArgs {
+    pub(crate) fn model_specs(&self) -> Result<Vec<ModelSpec>, String> {
+        let specs: Vec<ModelSpec> = self
+            .models
+            .iter()
+            .map(|m| parse_model_spec(m))
+            .collect::<Result<_, _>>()?;
+        for (i, s) in specs.iter().enumerate() {
+            if specs[..i].iter().any(|o| o.name == s.name) {
+                return Err(format!(
+                    "two models are named {:?}: give each --model a distinct NAME=PATH",
+                    s.name
+                ));
+            }
+        }
+        Ok(specs)
+    }
+
+    pub(crate) fn uses_tls(&self) -> bool {
+        self.tls
+            || self.api_key.is_some()
+            || self.tls_server_ca_cert_path.is_some()
+            || self.tls_client_cert_path.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_specs_take_a_name_or_the_folder() {
+        assert_eq!(
+            parse_model_spec("minilm=/m/all-MiniLM").unwrap(),
+            ModelSpec {
+                name: "minilm".into(),
+                path: "/m/all-MiniLM".into()
+            }
+        );
+        assert_eq!(
+            parse_model_spec("/m/all-MiniLM/").unwrap().name,
+            "all-MiniLM"
+        );
+        assert!(parse_model_spec("/").is_err());
+    }
+
+    #[test]
+    fn api_key_never_prints() {
+        let s: Secret = "hunter2".parse().unwrap();
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn gpu_selection_parses() {
+        let mut a = Cli::try_parse_from(["gpulane", "devices"]).unwrap();
+        let Command::Devices(ref mut d) = a.command else {
+            panic!()
+        };
+        assert_eq!(d.gpu_selection(), GpuSelection::All);
+        d.gpus = "none".into();
+        assert_eq!(d.gpu_selection(), GpuSelection::None);
+        d.gpus = "0, GPU-x".into();
+        assert_eq!(
+            d.gpu_selection(),
+            GpuSelection::Some(vec!["0".into(), "GPU-x".into()])
+        );
+    }
+}

