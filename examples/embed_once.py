@@ -53,7 +53,9 @@ async def main(texts):
         )
     first = out["first"]
     summary = {k: v for k, v in first.items() if k != "embeddings"}
-    summary["embeddings"] = [[round(x, 4) for x in v[:5]] + ["..."] for v in first["embeddings"]]
+    summary["embeddings"] = [
+        "[" + ", ".join(f"{x:.4f}" for x in v[:4]) + f", ... {len(v)} values]" for v in first["embeddings"]
+    ]
     summary["pinned_second_call_device"] = out["pinned_second_call_device"]
     print(json.dumps(summary, indent=2))
 

@@ -21,7 +21,7 @@ export TEMPORAL_ADDRESS="127.0.0.1:$port"
 until .venv/bin/python -c "import socket,sys; sys.exit(socket.socket().connect_ex(('127.0.0.1',$port)))"; do sleep 0.3; done
 target/release/gpulane run --model "all-MiniLM-L6-v2=$(scripts/model-dir.sh)" "$@" >"$work/gpulane.log" 2>&1 &
 worker_pid=$!
-until grep -q "gpulane ready" "$work/gpulane.log"; do
+until grep -qs "gpulane ready" "$work/gpulane.log"; do
   kill -0 "$worker_pid" 2>/dev/null || { cat "$work/gpulane.log"; exit 1; }
   sleep 0.3
 done

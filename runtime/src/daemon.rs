@@ -4,10 +4,7 @@ use std::{sync::Arc, time::Duration};
 
 use gpulane_activities::{DeviceActivities, Limits, ModelSet};
 use gpulane_models::{Engine, EngineDevice};
-use temporalio_common::{
-    telemetry::{Logger, TelemetryOptions},
-    worker::WorkerTaskTypes,
-};
+use temporalio_common::{telemetry::TelemetryOptions, worker::WorkerTaskTypes};
 use temporalio_sdk_core::{
     init_worker, CoreRuntime, PollerBehavior, RuntimeOptions, SlotSupplierOptions,
     TunerHolderOptions, Worker, WorkerConfig, WorkerTuner, WorkerVersioningStrategy,
@@ -207,17 +204,14 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
         .identity
         .clone()
         .unwrap_or_else(|| format!("gpulane@{host}:{}", std::process::id()));
+    tracing::debug!(address = %args.address, "connecting");
     let connection = crate::temporal::connect(&args, &identity_base).await?;
+    tracing::debug!("connected");
+    // No core logger: with one, core installs its own tracing subscriber on this thread
+    // and gpulane's own log lines disappear. Core's events reach our subscriber instead.
     let core = CoreRuntime::new_assume_tokio(
         RuntimeOptions::builder()
-            .telemetry_options(
-                TelemetryOptions::builder()
-                    .logging(Logger::Console {
-                        filter: "temporalio_sdk_core=warn,temporalio_client=warn".to_owned(),
-                        format: None,
-                    })
-                    .build(),
-            )
+            .telemetry_options(TelemetryOptions::builder().build())
             .build()
             .map_err(RuntimeError::Config)?,
     )
@@ -261,6 +255,7 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
                     source: e.into(),
                 }
             })?;
+            tracing::debug!(task_queue = %queue, "validating worker");
             worker.validate().await.map_err(|e| RuntimeError::Worker {
                 queue: queue.clone(),
                 source: Box::new(e),

@@ -1,10 +1,11 @@
 """Workflows that call gpulane's activities by name, as a user's Python code would."""
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 
 
 @workflow.defn
@@ -44,7 +45,7 @@ class BadThenGood:
     marked retryable would hang this workflow instead of returning."""
 
     @workflow.run
-    async def run(self, queue: str, bad: object, good: dict) -> dict:
+    async def run(self, queue: str, bad: Any, good: dict) -> dict:
         error = None
         try:
             await workflow.execute_activity(
@@ -58,7 +59,7 @@ class BadThenGood:
                 "type": cause.type,
                 "message": cause.message,
                 "non_retryable": cause.non_retryable,
-                "retry_state": str(e.retry_state),
+                "retry_state": RetryState(e.retry_state).name if e.retry_state is not None else None,
             }
         result = await workflow.execute_activity(
             "embed", good, task_queue=queue, start_to_close_timeout=timedelta(seconds=60)
