@@ -173,7 +173,7 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
                 Engine::start(&m.name, &m.path, &device).map_err(|source| RuntimeError::Model {
                     name: m.name.clone(),
                     device: p.label().to_owned(),
-                    source,
+                    source: Box::new(source),
                 })?;
             let info = engine.info();
             tracing::info!(model = %m.name, path = %m.path.display(), device = p.label(),

@@ -32,7 +32,7 @@ pub enum RuntimeError {
         device: String,
         /// Why.
         #[source]
-        source: gpulane_models::ModelError,
+        source: Box<gpulane_models::ModelError>,
     },
     /// The Temporal frontend could not be reached.
     #[error("connecting to Temporal at {address}: {source}")]
