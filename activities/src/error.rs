@@ -49,6 +49,11 @@ impl ActivityError {
         }
     }
 
+    /// Whether the device ran out of memory, which the runtime learns from.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, ActivityError::Model(ModelError::OutOfMemory(_)))
+    }
+
     /// The application failure type a workflow matches on.
     pub fn failure_type(&self) -> &'static str {
         match self {
@@ -56,6 +61,7 @@ impl ActivityError {
             ActivityError::UnknownModel { .. } => failure::UNKNOWN_MODEL,
             ActivityError::UnknownActivity { .. } => failure::UNKNOWN_ACTIVITY,
             ActivityError::Model(ModelError::TextTooLong { .. }) => failure::TEXT_TOO_LONG,
+            ActivityError::Model(ModelError::OutOfMemory(_)) => failure::GPU_OUT_OF_MEMORY,
             ActivityError::Model(_) => failure::MODEL_FAILURE,
         }
     }

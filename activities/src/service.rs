@@ -17,6 +17,11 @@ impl ModelSet {
         Self { engines }
     }
 
+    /// The engines, in declaration order.
+    pub fn engines(&self) -> &[Engine] {
+        &self.engines
+    }
+
     /// The served names, in declaration order.
     pub fn names(&self) -> Vec<String> {
         self.engines.iter().map(|e| e.name().to_owned()).collect()
@@ -70,6 +75,11 @@ impl DeviceActivities {
     /// The activity types served.
     pub fn activity_types() -> Vec<&'static str> {
         vec![activity::EMBED]
+    }
+
+    /// The models served.
+    pub fn models(&self) -> &ModelSet {
+        &self.inner.models
     }
 
     /// The device results are attributed to.

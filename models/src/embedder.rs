@@ -5,13 +5,11 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::BertModel;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
-use crate::{pooling::l2_normalize, st_dir::SentenceTransformerDir, ModelError, ModelInfo};
-
-/// Rows and padded tokens one forward pass may hold. Batches are length-sorted, so a
-/// batch of short texts holds many rows and a batch of long ones few; this bounds working
-/// memory whatever the request looks like.
-const MAX_BATCH_ROWS: usize = 32;
-const MAX_BATCH_TOKENS: usize = 16_384;
+use crate::{
+    pooling::l2_normalize,
+    st_dir::{SentenceTransformerDir, MAX_BATCH_ROWS},
+    ModelError, ModelInfo,
+};
 
 /// Per-call options the caller may set.
 #[derive(Debug, Clone, Copy)]
@@ -148,7 +146,7 @@ impl Embedder {
             let mut end = start + 1;
             while end < order.len()
                 && end - start < MAX_BATCH_ROWS
-                && (end - start + 1) * ids[order[end]].len() <= MAX_BATCH_TOKENS
+                && (end - start + 1) * ids[order[end]].len() <= self.info.max_batch_tokens()
             {
                 end += 1;
             }

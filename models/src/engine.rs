@@ -51,7 +51,9 @@ impl Engine {
                         continue;
                     }
                     let _enter = job.span.enter();
-                    let out = embedder.embed(&job.texts, job.opts);
+                    let out = embedder
+                        .embed(&job.texts, job.opts)
+                        .map_err(ModelError::classify);
                     let _ = job.reply.send(out);
                 }
             })

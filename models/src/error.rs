@@ -53,6 +53,10 @@ pub enum ModelError {
     /// worker stops at start.
     #[error("could not start the engine thread: {0}")]
     Spawn(#[source] std::io::Error),
+    /// The device ran out of memory during the call. Retryable: the runtime raises its
+    /// estimate for the activity and admits less at once, so a retry usually fits.
+    #[error("the device ran out of memory: {0}")]
+    OutOfMemory(String),
     /// The engine thread is gone (the worker is shutting down). Retryable: another worker
     /// or a restarted one can serve the task.
     #[error("the model engine has stopped")]
@@ -62,6 +66,44 @@ pub enum ModelError {
 impl ModelError {
     /// Whether running the same input again may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ModelError::Candle(_) | ModelError::EngineStopped)
+        matches!(
+            self,
+            ModelError::Candle(_) | ModelError::OutOfMemory(_) | ModelError::EngineStopped
+        )
+    }
+
+    /// Recognises a device out-of-memory inside a tensor-library error, so that it is
+    /// reported as [`ModelError::OutOfMemory`] (CUDA says `CUDA_ERROR_OUT_OF_MEMORY`).
+    pub fn classify(self) -> Self {
+        match self {
+            ModelError::Candle(e) => {
+                let text = e.to_string();
+                if text.contains("OUT_OF_MEMORY")
+                    || text.to_ascii_lowercase().contains("out of memory")
+                {
+                    ModelError::OutOfMemory(text)
+                } else {
+                    ModelError::Candle(e)
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_oom_is_classified_and_retryable() {
+        let e = ModelError::Candle(candle_core::Error::Msg(
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into(),
+        ))
+        .classify();
+        assert!(matches!(e, ModelError::OutOfMemory(_)), "{e}");
+        assert!(e.is_retryable());
+        let other = ModelError::Candle(candle_core::Error::Msg("shape mismatch".into())).classify();
+        assert!(matches!(other, ModelError::Candle(_)));
     }
 }

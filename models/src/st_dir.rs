@@ -34,6 +34,88 @@ pub struct ModelInfo {
     pub num_layers: usize,
     /// Attention heads, for cost estimates.
     pub num_heads: usize,
+    /// Feed-forward width, for cost estimates.
+    pub intermediate_size: usize,
+    /// Floating-point parameters in model.safetensors.
+    pub parameters: u64,
+}
+
+/// Rows one forward pass may hold. Batches are length-sorted, so short texts share a
+/// batch with many others and long ones with few.
+pub(crate) const MAX_BATCH_ROWS: usize = 32;
+/// Padded tokens (rows × longest row) one forward pass may hold: this bounds working
+/// memory whatever the request looks like.
+pub(crate) const MAX_BATCH_TOKENS: usize = 16_384;
+
+impl ModelInfo {
+    /// Most padded tokens in one forward pass of this model.
+    pub fn max_batch_tokens(&self) -> usize {
+        MAX_BATCH_TOKENS.min(MAX_BATCH_ROWS * self.max_seq_length)
+    }
+
+    /// Bytes the weights occupy on a device at `dtype_bytes` per parameter. Resident once
+    /// per device while the model is loaded.
+    pub fn weight_bytes(&self, dtype_bytes: u64) -> u64 {
+        self.parameters * dtype_bytes
+    }
+
+    /// Upper bound of the working memory of one forward pass at its largest batch, in
+    /// bytes: with T = max batch tokens, L = max sequence length, H hidden, I intermediate,
+    /// A heads, b bytes per value,
+    /// `b * (T * (4H + 2I) + 2 * A * T * L)`: four hidden-sized activations alive at once
+    /// (input, attention output, residual, norm), the feed-forward input and output, and
+    /// attention scores plus their softmax (T/L rows of A × L × L each). ARCHITECTURE.md
+    /// explains the terms; `--vram-cost` overrides it per model.
+    pub fn working_bytes(&self, dtype_bytes: u64) -> u64 {
+        let t = self.max_batch_tokens() as u64;
+        let l = self.max_seq_length as u64;
+        let h = self.dimensions as u64;
+        let i = self.intermediate_size as u64;
+        let a = self.num_heads as u64;
+        dtype_bytes * (t * (4 * h + 2 * i) + 2 * a * t * l)
+    }
+}
+
+/// Counts the floating-point parameters in a safetensors file from its header alone.
+fn count_parameters(path: &Path) -> Result<u64, ModelError> {
+    use std::io::Read;
+    let io = |source| ModelError::File {
+        path: path.to_owned(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(io)?;
+    let len = u64::from_le_bytes(len);
+    if len > 100 << 20 {
+        return Err(ModelError::Unsupported {
+            path: path.to_owned(),
+            reason: format!("safetensors header of {len} bytes is not plausible"),
+        });
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header).map_err(io)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
+        .map_err(|source| ModelError::Json {
+            path: path.to_owned(),
+            source,
+        })?;
+    let mut total = 0u64;
+    for (name, t) in &header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = t["dtype"].as_str().unwrap_or("");
+        if !matches!(dtype, "F32" | "F16" | "BF16" | "F64") {
+            continue;
+        }
+        let n: u64 = t["shape"]
+            .as_array()
+            .map(|d| d.iter().map(|x| x.as_u64().unwrap_or(0)).product())
+            .unwrap_or(0);
+        total += n;
+    }
+    Ok(total)
 }
 
 #[derive(Deserialize)]
@@ -144,6 +226,8 @@ impl SentenceTransformerDir {
             dimensions: bert_config.hidden_size,
             num_layers: bert_config.num_hidden_layers,
             num_heads: bert_config.num_attention_heads,
+            intermediate_size: bert_config.intermediate_size,
+            parameters: count_parameters(&path.join("model.safetensors"))?,
         };
         Ok(Self {
             path: path.to_owned(),

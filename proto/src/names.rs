@@ -25,6 +25,9 @@ pub mod failure {
     pub const TEXT_TOO_LONG: &str = "TextTooLong";
     /// An activity type this worker does not serve. Never retried.
     pub const UNKNOWN_ACTIVITY: &str = "UnknownActivity";
+    /// The card ran out of memory during the task. Retried by Temporal's policy; the
+    /// worker has raised its estimate for the activity, so it admits less at once.
+    pub const GPU_OUT_OF_MEMORY: &str = "GpuOutOfMemory";
     /// The model failed on the device. Retried by Temporal's policy.
     pub const MODEL_FAILURE: &str = "ModelFailure";
 }

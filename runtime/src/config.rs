@@ -84,6 +84,11 @@ pub struct DeviceArgs {
     #[arg(long, env = "GPULANE_NVML_LIB")]
     pub nvml_lib: Option<PathBuf>,
 
+    /// With --simulate-gpus: a JSON file mapping a card's index (as a string) to its free
+    /// bytes, e.g. {"0": 0, "1": 17179869184}, re-read at every memory refresh.
+    #[arg(long, env = "GPULANE_SIMULATED_MEMORY", requires = "simulate_gpus")]
+    pub simulated_memory: Option<PathBuf>,
+
     /// Which CUDA cards this process may use (indices or UUIDs), as CUDA reads it.
     #[arg(long, env = "CUDA_VISIBLE_DEVICES", hide = true)]
     pub cuda_visible_devices: Option<String>,
@@ -151,13 +156,44 @@ pub struct RunArgs {
     )]
     pub models: Vec<String>,
 
-    /// Most activities running at once on one card, over all its lanes.
+    /// Most activities running (or polls waiting) at once on one card, over all its lanes.
     #[arg(long, env = "GPULANE_MAX_CONCURRENT_PER_CARD", default_value_t = 8)]
     pub max_concurrent_per_card: usize,
 
-    /// Most activities running at once on the CPU lane.
+    /// Card memory never promised to tasks: bytes (e.g. 2GiB) or a fraction of the card's
+    /// total (e.g. 0.1).
+    #[arg(long, env = "GPULANE_VRAM_HEADROOM", default_value = "0.05")]
+    pub vram_headroom: String,
+
+    /// Per-task working memory of a model, overriding the estimate: NAME=BYTES (e.g.
+    /// bge-m3=3GiB). Repeatable.
+    #[arg(long, env = "GPULANE_VRAM_COST", value_delimiter = ',')]
+    pub vram_cost: Vec<String>,
+
+    /// Milliseconds between card memory readings (NVML or the simulation file).
+    #[arg(long, env = "GPULANE_MEMORY_REFRESH_MS", default_value_t = 500)]
+    pub memory_refresh_ms: u64,
+
+    /// Most activities running at once on the CPU lane (the resource-based tuner's maximum).
     #[arg(long, env = "GPULANE_MAX_CONCURRENT_CPU", default_value_t = 4)]
     pub max_concurrent_cpu: usize,
+
+    /// The CPU lane admits work while system memory use is below this fraction (0.0-1.0).
+    #[arg(long, env = "GPULANE_CPU_TARGET_MEMORY", default_value_t = 0.8)]
+    pub cpu_target_memory: f64,
+
+    /// The CPU lane admits work while CPU use is below this fraction (0.0-1.0).
+    #[arg(long, env = "GPULANE_CPU_TARGET_CPU", default_value_t = 0.9)]
+    pub cpu_target_cpu: f64,
+
+    /// Where to serve /metrics, /healthz and /readyz (host:port; port 0 picks one; `off`
+    /// disables).
+    #[arg(
+        long,
+        env = "GPULANE_METRICS_ADDRESS",
+        default_value = "127.0.0.1:9464"
+    )]
+    pub metrics_address: String,
 
     /// Most texts in one embed call.
     #[arg(long, env = "GPULANE_MAX_TEXTS", default_value_t = 1024)]
@@ -239,6 +275,37 @@ impl RunArgs {
         Ok(specs)
     }
 
+    /// The headroom in bytes on a card of `total` bytes.
+    pub(crate) fn headroom_bytes(&self, total: u64) -> Result<u64, String> {
+        let v = self.vram_headroom.trim();
+        if let Ok(f) = v.parse::<f64>() {
+            if v.contains('.') {
+                if !(0.0..1.0).contains(&f) {
+                    return Err(format!(
+                        "--vram-headroom {v}: a fraction must be in [0, 1); for bytes write a unit, e.g. 2GiB"
+                    ));
+                }
+                return Ok((total as f64 * f) as u64);
+            }
+        }
+        crate::units::parse_bytes(v).map_err(|e| format!("--vram-headroom: {e}"))
+    }
+
+    /// `--vram-cost` overrides by model name.
+    pub(crate) fn vram_costs(&self) -> Result<Vec<(String, u64)>, String> {
+        self.vram_cost
+            .iter()
+            .map(|c| {
+                let (name, bytes) = c.split_once('=').ok_or_else(|| {
+                    format!("--vram-cost {c:?}: expected NAME=BYTES, e.g. minilm=1GiB")
+                })?;
+                let bytes = crate::units::parse_bytes(bytes)
+                    .map_err(|e| format!("--vram-cost {c:?}: {e}"))?;
+                Ok((name.trim().to_owned(), bytes))
+            })
+            .collect()
+    }
+
     pub(crate) fn uses_tls(&self) -> bool {
         self.tls
             || self.api_key.is_some()
@@ -265,6 +332,46 @@ mod tests {
             "all-MiniLM"
         );
         assert!(parse_model_spec("/").is_err());
+    }
+
+    fn run_args(extra: &[&str]) -> RunArgs {
+        let mut argv = vec!["gpulane", "run", "--model", "/m"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Run(a) => *a,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn headroom_is_bytes_or_a_fraction() {
+        let gib = 1u64 << 30;
+        assert_eq!(run_args(&[]).headroom_bytes(80 * gib).unwrap(), 4 * gib);
+        assert_eq!(
+            run_args(&["--vram-headroom", "2GiB"])
+                .headroom_bytes(80 * gib)
+                .unwrap(),
+            2 * gib
+        );
+        assert_eq!(
+            run_args(&["--vram-headroom", "0.25"])
+                .headroom_bytes(8 * gib)
+                .unwrap(),
+            2 * gib
+        );
+        assert!(run_args(&["--vram-headroom", "1.5"])
+            .headroom_bytes(gib)
+            .is_err());
+    }
+
+    #[test]
+    fn vram_cost_overrides_parse() {
+        let a = run_args(&["--vram-cost", "a=1GiB,b=512MiB"]);
+        assert_eq!(
+            a.vram_costs().unwrap(),
+            vec![("a".into(), 1 << 30), ("b".into(), 512 << 20)]
+        );
+        assert!(run_args(&["--vram-cost", "nope"]).vram_costs().is_err());
     }
 
     #[test]

@@ -6,18 +6,20 @@ use gpulane_activities::{DeviceActivities, Limits, ModelSet};
 use gpulane_models::{Engine, EngineDevice};
 use temporalio_common::{telemetry::TelemetryOptions, worker::WorkerTaskTypes};
 use temporalio_sdk_core::{
-    init_worker, CoreRuntime, PollerBehavior, RuntimeOptions, SlotSupplierOptions,
-    TunerHolderOptions, Worker, WorkerConfig, WorkerTuner, WorkerVersioningStrategy,
+    init_worker, CoreRuntime, PollerBehavior, ResourceBasedTuner, ResourceSlotOptions,
+    RuntimeOptions, SlotSupplierOptions, TunerHolderOptions, Worker, WorkerConfig, WorkerTuner,
+    WorkerVersioningStrategy,
 };
 
 use crate::{
+    admission::{refresh, BudgetOptions, CardBudget},
     config::{Cli, Command, DeviceArgs, RunArgs},
     devices::{
         parse_simulate_spec, DeviceError, DeviceInventory, GpuDevice, NvmlInventory,
         SimulatedInventory,
     },
     lanes::{plan, DevicePlan},
-    slots::DeviceSlots,
+    metrics::{self, Metrics},
     worker::serve_lane,
     RuntimeError,
 };
@@ -58,7 +60,7 @@ fn host_name(args: &DeviceArgs) -> String {
 
 /// The inventory the flags ask for. A machine without NVML (or without cards) is normal:
 /// it logs why and returns an empty inventory.
-fn inventory(args: &DeviceArgs) -> Result<Box<dyn DeviceInventory>, RuntimeError> {
+fn inventory(args: &DeviceArgs) -> Result<Arc<dyn DeviceInventory>, RuntimeError> {
     let visible = args.cuda_visible_devices.as_deref();
     if let Some(spec) = &args.simulate_gpus {
         let (count, bytes) = parse_simulate_spec(spec)?;
@@ -67,8 +69,10 @@ fn inventory(args: &DeviceArgs) -> Result<Box<dyn DeviceInventory>, RuntimeError
             bytes,
             "simulated GPUs declared by --simulate-gpus: they compute on the CPU"
         );
-        return Ok(Box::new(
-            SimulatedInventory::new(count, bytes).with_visible(visible),
+        return Ok(Arc::new(
+            SimulatedInventory::new(count, bytes)
+                .with_visible(visible)
+                .with_memory_file(args.simulated_memory.clone()),
         ));
     }
     match NvmlInventory::open(args.nvml_lib.as_deref().map(|p| p.as_os_str()), visible) {
@@ -76,11 +80,11 @@ fn inventory(args: &DeviceArgs) -> Result<Box<dyn DeviceInventory>, RuntimeError
             if inv.devices().is_empty() {
                 tracing::info!(cuda_visible_devices = ?visible, "NVML reports no visible GPU");
             }
-            Ok(Box::new(inv))
+            Ok(Arc::new(inv))
         }
         Err(DeviceError::NvmlUnavailable(why)) => {
             tracing::info!(%why, "no NVML on this machine, so no GPU lanes");
-            Ok(Box::new(NoGpus))
+            Ok(Arc::new(NoGpus))
         }
         Err(e) => Err(e.into()),
     }
@@ -136,6 +140,69 @@ fn engine_device(plan: &DevicePlan) -> Result<EngineDevice, RuntimeError> {
     }
 }
 
+/// The admission budget of one card: per-task estimates from each model's cost formula
+/// (or its --vram-cost override), the headroom, the cap, and for simulated cards the
+/// weights NVML would have shown as used.
+fn card_budget(
+    args: &RunArgs,
+    gpu: &GpuDevice,
+    models: &ModelSet,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<CardBudget>, RuntimeError> {
+    // Models run in float32 today; the CUDA build's f16 changes this to 2.
+    const DTYPE_BYTES: u64 = 4;
+    let overrides = args.vram_costs().map_err(RuntimeError::Config)?;
+    for (name, _) in &overrides {
+        if !models.names().contains(name) {
+            return Err(RuntimeError::Config(format!(
+                "--vram-cost names {name:?}, which is not a served model ({:?})",
+                models.names()
+            )));
+        }
+    }
+    let per_task = models
+        .engines()
+        .iter()
+        .map(|e| {
+            overrides
+                .iter()
+                .find(|(n, _)| n == e.name())
+                .map_or_else(|| e.info().working_bytes(DTYPE_BYTES), |(_, b)| *b)
+        })
+        .max()
+        .unwrap_or(0);
+    let resident: u64 = models
+        .engines()
+        .iter()
+        .map(|e| e.info().weight_bytes(DTYPE_BYTES))
+        .sum();
+    let headroom = args
+        .headroom_bytes(gpu.total_memory)
+        .map_err(RuntimeError::Config)?;
+    if args.max_concurrent_per_card == 0 {
+        return Err(RuntimeError::Config(
+            "--max-concurrent-per-card must be at least 1".to_owned(),
+        ));
+    }
+    tracing::info!(gpu_uuid = %gpu.uuid, per_task_bytes = per_task, resident_bytes = resident,
+        headroom_bytes = headroom, cap = args.max_concurrent_per_card, "card admission budget");
+    let estimates = DeviceActivities::activity_types()
+        .into_iter()
+        .map(|a| (a.to_owned(), per_task))
+        .collect();
+    Ok(CardBudget::new(
+        &gpu.uuid,
+        gpu.total_memory,
+        BudgetOptions {
+            headroom,
+            cap: args.max_concurrent_per_card,
+            unseen_resident: if gpu.simulated { resident } else { 0 },
+            estimates,
+        },
+        metrics,
+    ))
+}
+
 struct Lane {
     queue: String,
     worker: Arc<Worker>,
@@ -162,6 +229,24 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
         max_total_chars: args.max_total_chars,
     };
 
+    let metrics = Arc::new(Metrics::default());
+    if args.metrics_address != "off" {
+        let listener = tokio::net::TcpListener::bind(&args.metrics_address)
+            .await
+            .map_err(|e| {
+                RuntimeError::Config(format!(
+                    "--metrics-address {}: {e}; pick a free port or pass `off`",
+                    args.metrics_address
+                ))
+            })?;
+        let bound = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        tracing::info!(address = %bound, "metrics and health on http://{bound}/metrics");
+        tokio::spawn(metrics::serve(listener, metrics.clone()));
+    }
+
     // Load every model on every device before touching Temporal: a worker that cannot
     // serve what it declares must not take tasks.
     let mut devices = Vec::new();
@@ -187,17 +272,24 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
             p.host_queue.clone(),
             limits,
         );
-        let cap = if p.gpu.is_some() {
-            args.max_concurrent_per_card
-        } else {
-            args.max_concurrent_cpu
+        let budget = match &p.gpu {
+            Some(g) => Some(card_budget(&args, g, acts.models(), metrics.clone())?),
+            None => None,
         };
-        if cap == 0 {
-            return Err(RuntimeError::Config(
-                "--max-concurrent-per-card and --max-concurrent-cpu must be at least 1".to_owned(),
-            ));
-        }
-        devices.push((p, acts, DeviceSlots::new(p.label(), cap)));
+        devices.push((p, acts, budget));
+    }
+    if args.max_concurrent_cpu == 0 {
+        return Err(RuntimeError::Config(
+            "--max-concurrent-cpu must be at least 1".to_owned(),
+        ));
+    }
+    let budgets: Vec<Arc<CardBudget>> = devices.iter().filter_map(|d| d.2.clone()).collect();
+    if !budgets.is_empty() {
+        tokio::spawn(refresh(
+            budgets,
+            inv.clone(),
+            Duration::from_millis(args.memory_refresh_ms.max(10)),
+        ));
     }
 
     let identity_base = args
@@ -217,19 +309,36 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     )
     .map_err(|e| RuntimeError::Config(format!("starting sdk-core: {e}")))?;
 
+    // Both CPU lanes share one resource-based tuner: it admits work while the host's
+    // memory and CPU use are under their targets, up to --max-concurrent-cpu.
+    let cpu_tuner: Arc<dyn WorkerTuner + Send + Sync> = {
+        let mut t = ResourceBasedTuner::new(args.cpu_target_memory, args.cpu_target_cpu);
+        t.with_activity_slots_options(ResourceSlotOptions::new(
+            1,
+            args.max_concurrent_cpu,
+            Duration::from_millis(50),
+        ));
+        Arc::new(t)
+    };
+    let activity_types = DeviceActivities::activity_types();
     let mut lanes = Vec::new();
     let mut tasks = tokio::task::JoinSet::new();
-    for (p, acts, slots) in &devices {
+    for (p, acts, budget) in &devices {
         for queue in &p.queues {
-            let tuner: Arc<dyn WorkerTuner + Send + Sync> = Arc::new(
-                TunerHolderOptions::builder()
-                    .activity_slot_options(SlotSupplierOptions::Custom(slots.clone()))
-                    .build_tuner_holder()
-                    .map_err(|e| RuntimeError::Worker {
-                        queue: queue.clone(),
-                        source: e.into(),
-                    })?,
-            );
+            let tuner: Arc<dyn WorkerTuner + Send + Sync> = match budget {
+                Some(b) => Arc::new(
+                    TunerHolderOptions::builder()
+                        .activity_slot_options(SlotSupplierOptions::Custom(Arc::new(
+                            b.lane(queue, &activity_types),
+                        )))
+                        .build_tuner_holder()
+                        .map_err(|e| RuntimeError::Worker {
+                            queue: queue.clone(),
+                            source: e.into(),
+                        })?,
+                ),
+                None => cpu_tuner.clone(),
+            };
             let config = WorkerConfig::builder()
                 .namespace(args.namespace.clone())
                 .task_queue(queue.clone())
@@ -261,7 +370,12 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
                 source: Box::new(e),
             })?;
             let worker = Arc::new(worker);
-            tasks.spawn(serve_lane(worker.clone(), acts.clone(), queue.clone()));
+            tasks.spawn(serve_lane(
+                worker.clone(),
+                acts.clone(),
+                queue.clone(),
+                budget.clone(),
+            ));
             tracing::info!(task_queue = %queue, device = p.label(),
                 simulated = p.gpu.as_ref().is_some_and(|g| g.simulated), "lane polling");
             lanes.push(Lane {
@@ -271,6 +385,7 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
         }
     }
     let queues: Vec<&str> = lanes.iter().map(|l| l.queue.as_str()).collect();
+    metrics.set_ready();
     tracing::info!(namespace = %args.namespace, address = %args.address, inventory = inv.source(),
         ?queues, "gpulane ready");
 

@@ -5,13 +5,15 @@
 //! The `gpulane` binary is a thin shell over [`run_cli`].
 #![warn(missing_docs)]
 
+mod admission;
 mod config;
 mod daemon;
 mod devices;
 mod error;
 mod lanes;
-mod slots;
+mod metrics;
 mod temporal;
+mod units;
 mod worker;
 
 pub use crate::{

@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::{
+    admission::CardBudget,
     temporal::{failure, input_json, json_payload},
     RuntimeError,
 };
@@ -35,6 +36,7 @@ pub(crate) async fn serve_lane(
     worker: Arc<Worker>,
     activities: DeviceActivities,
     queue: String,
+    budget: Option<Arc<CardBudget>>,
 ) -> Result<(), RuntimeError> {
     let running: Running = Arc::default();
     loop {
@@ -73,6 +75,7 @@ pub(crate) async fn serve_lane(
                         token,
                         cancel_rx,
                         running.clone(),
+                        budget.clone(),
                     )
                     .instrument(span),
                 );
@@ -99,6 +102,7 @@ async fn execute(
     token: Vec<u8>,
     cancelled: oneshot::Receiver<ActivityCancelReason>,
     running: Running,
+    budget: Option<Arc<CardBudget>>,
 ) {
     let heartbeat_every = start
         .heartbeat_timeout
@@ -128,6 +132,11 @@ async fn execute(
         out = work => match out {
             Ok(json) => ActivityExecutionResult::ok(json_payload(json)),
             Err(e) => {
+                if e.is_out_of_memory() {
+                    if let Some(b) = &budget {
+                        b.record_oom(&start.activity_type);
+                    }
+                }
                 if e.is_retryable() {
                     tracing::warn!(failure_type = e.failure_type(), error = %e, "activity failed, retryable");
                 } else {

@@ -83,6 +83,16 @@ class Gpulane:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def metrics(self) -> str:
+        """The worker's /metrics text (the port is picked at start and logged)."""
+        import re
+        import urllib.request
+
+        m = re.search(r"metrics and health on http://([0-9.:]+)/metrics", self.log())
+        assert m, "no metrics address in the log"
+        with urllib.request.urlopen(f"http://{m.group(1)}/metrics", timeout=5) as r:
+            return r.read().decode()
+
 
 @pytest.fixture
 def gpulane(temporal_address, tmp_path):
@@ -98,6 +108,7 @@ def gpulane(temporal_address, tmp_path):
             "TEMPORAL_ADDRESS": temporal_address,
             "GPULANE_HOST": host,
             "RUST_LOG": "info",
+            "GPULANE_METRICS_ADDRESS": "127.0.0.1:0",
             **(env or {}),
         }
         proc = subprocess.Popen(

@@ -52,6 +52,15 @@ pub enum DeviceError {
     /// The card is not in the inventory. Not retryable; this is a bug in the caller.
     #[error("no such GPU: {0}")]
     UnknownDevice(String),
+    /// The `--simulated-memory` file is missing or malformed. Retryable: the card admits
+    /// nothing until the file reads again.
+    #[error("simulated memory file {path}: {reason}")]
+    SimulationFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// A `--simulate-gpus` value that does not parse. Not retryable: fix the flag.
     #[error("--simulate-gpus {spec:?}: {reason}")]
     BadSimulation {

@@ -2,6 +2,8 @@
 //! cards exist for lanes, queues and admission, and compute on the CPU. Every activity
 //! result and log line says `simulated`.
 
+use std::{collections::HashMap, path::PathBuf};
+
 use super::{DeviceError, DeviceInventory, GpuDevice};
 
 /// Parses `COUNTxSIZE` (e.g. `2x16GiB`, `1x8GB`, `4x512MiB`, `1x1073741824`) into a
@@ -22,23 +24,7 @@ pub(crate) fn parse_simulate_spec(spec: &str) -> Result<(u32, u64), DeviceError>
     if count == 0 {
         return Err(bad("COUNT must be at least 1"));
     }
-    let size = size.trim();
-    let split = size
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(size.len());
-    let (num, unit) = size.split_at(split);
-    let num: f64 = num.parse().map_err(|_| bad("SIZE is not a number"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        _ => return Err(bad("unknown unit (use B, KiB, MiB, GiB, KB, MB or GB)")),
-    };
-    let bytes = (num * mult) as u64;
+    let bytes = crate::units::parse_bytes(size).map_err(|e| bad(&e))?;
     if bytes == 0 {
         return Err(bad("SIZE must be positive"));
     }
@@ -48,6 +34,7 @@ pub(crate) fn parse_simulate_spec(spec: &str) -> Result<(u32, u64), DeviceError>
 /// A declared set of cards with fixed memory.
 pub(crate) struct SimulatedInventory {
     devices: Vec<GpuDevice>,
+    memory_file: Option<PathBuf>,
 }
 
 impl SimulatedInventory {
@@ -64,7 +51,19 @@ impl SimulatedInventory {
                 simulated: true,
             })
             .collect();
-        Self { devices }
+        Self {
+            devices,
+            memory_file: None,
+        }
+    }
+
+    /// Scripts free memory from a JSON file mapping a card's index (as a string) to its
+    /// free bytes, e.g. `{"0": 0, "1": 17179869184}`, read at every memory refresh so a
+    /// test or demo can play another tenant filling a card. Cards it does not name are
+    /// entirely free.
+    pub(crate) fn with_memory_file(mut self, path: Option<PathBuf>) -> Self {
+        self.memory_file = path;
+        self
     }
 
     /// Applies a `CUDA_VISIBLE_DEVICES` value, as for real cards.
@@ -84,11 +83,29 @@ impl DeviceInventory for SimulatedInventory {
     }
 
     fn free_memory(&self, uuid: &str) -> Result<u64, DeviceError> {
-        self.devices
+        let dev = self
+            .devices
             .iter()
             .find(|d| d.uuid == uuid)
-            .map(|d| d.total_memory)
-            .ok_or_else(|| DeviceError::UnknownDevice(uuid.to_owned()))
+            .ok_or_else(|| DeviceError::UnknownDevice(uuid.to_owned()))?;
+        let Some(path) = &self.memory_file else {
+            return Ok(dev.total_memory);
+        };
+        let bad = |reason: String| DeviceError::SimulationFile {
+            path: path.clone(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let map: HashMap<String, u64> = serde_json::from_str(&text).map_err(|e| {
+            bad(format!(
+                "{e}; expected an object of index to free bytes, like {{\"0\": 0}}"
+            ))
+        })?;
+        Ok(map
+            .get(&dev.index.to_string())
+            .copied()
+            .unwrap_or(dev.total_memory)
+            .min(dev.total_memory))
     }
 }
 
@@ -106,7 +123,7 @@ mod tests {
 
     #[test]
     fn rejects_nonsense_with_the_expected_shape() {
-        for bad in ["", "2", "0x1GiB", "ax1GiB", "2x", "2x1PB"] {
+        for bad in ["", "2", "0x1GiB", "ax1GiB", "2x", "2x1PB", "2x0"] {
             let e = parse_simulate_spec(bad).unwrap_err().to_string();
             assert!(e.contains("COUNTxSIZE"), "{bad}: {e}");
         }
@@ -125,5 +142,32 @@ mod tests {
         let only1 = SimulatedInventory::new(2, 1).with_visible(Some("1"));
         assert_eq!(only1.devices()[0].uuid, "GPU-SIM-1");
         assert_eq!(only1.devices()[0].cuda_ordinal, 0);
+    }
+
+    #[test]
+    fn memory_file_scripts_free_bytes_and_bad_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mem.json");
+        let inv = SimulatedInventory::new(2, 8 << 30).with_memory_file(Some(file.clone()));
+        assert!(
+            inv.free_memory("GPU-SIM-0").is_err(),
+            "a missing file is a read error"
+        );
+        std::fs::write(&file, r#"{"0": 0}"#).unwrap();
+        assert_eq!(inv.free_memory("GPU-SIM-0").unwrap(), 0);
+        assert_eq!(
+            inv.free_memory("GPU-SIM-1").unwrap(),
+            8 << 30,
+            "unnamed cards are free"
+        );
+        std::fs::write(&file, r#"{"0": 1073741824}"#).unwrap();
+        assert_eq!(
+            inv.free_memory("GPU-SIM-0").unwrap(),
+            1 << 30,
+            "re-read on every call"
+        );
+        std::fs::write(&file, "not json").unwrap();
+        let e = inv.free_memory("GPU-SIM-0").unwrap_err().to_string();
+        assert!(e.contains("mem.json"), "{e}");
     }
 }

@@ -1,0 +1,523 @@
+//! VRAM admission: a card takes a task only when it has the memory for it.
+//!
+//! sdk-core asks a lane's slot supplier for a permit before every poll. Each card has one
+//! [`CardBudget`], shared by all its lanes (the shared `gpu-tools` queue and the card's
+//! private queue), and each lane a [`LaneSlots`] supplier drawing on it. A permit is
+//! granted only while
+//!
+//! ```text
+//! free (live, NVML or simulation file) - unseen resident weights
+//!     - bytes promised to outstanding permits - headroom  >=  cost of one task
+//! ```
+//!
+//! and fewer than `cap` permits are out. Without a permit the lane does not poll, so the
+//! task waits in Temporal (visible as backlog) where another card or host can take it.
+//! The activity type is unknown when core reserves, so a lane reserves its costliest
+//! activity; `mark_slot_used` corrects to the actual activity's cost and `release_slot`
+//! returns it, including permits whose poll came back empty. A CUDA out-of-memory raises
+//! the activity's estimate; a failed memory reading stops admission until one succeeds.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use temporalio_sdk_core::{
+    ActivitySlotKind, SlotMarkUsedContext, SlotReleaseContext, SlotReservationContext,
+    SlotSupplier, SlotSupplierPermit,
+};
+use tokio::sync::Notify;
+
+use crate::{
+    devices::{DeviceError, DeviceInventory},
+    metrics::Metrics,
+};
+
+/// How a card's budget is set.
+#[derive(Debug, Clone)]
+pub(crate) struct BudgetOptions {
+    /// Bytes never promised to tasks, left for other tenants and allocator slack.
+    pub headroom: u64,
+    /// Most permits out at once over the card's lanes.
+    pub cap: usize,
+    /// Memory the inventory cannot see: the resident weights of models on a simulated
+    /// card (a real card's NVML reading already includes them once they are loaded).
+    pub unseen_resident: u64,
+    /// Per-task working memory by activity type.
+    pub estimates: HashMap<String, u64>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The last memory reading: free bytes, or why it failed (then nothing is admitted).
+    free: Result<u64, String>,
+    reserved: u64,
+    outstanding: usize,
+    estimates: HashMap<String, u64>,
+}
+
+/// Why a reservation could not be granted now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blocked {
+    Memory,
+    Cap,
+    NoReading,
+}
+
+/// One card's admission budget, shared by the card's lanes.
+pub(crate) struct CardBudget {
+    uuid: String,
+    total: u64,
+    opts: BudgetOptions,
+    state: Mutex<State>,
+    changed: Notify,
+    metrics: Arc<Metrics>,
+}
+
+impl CardBudget {
+    /// A budget for card `uuid` of `total` bytes. Nothing is admitted until the first
+    /// memory reading ([`CardBudget::set_reading`]).
+    pub(crate) fn new(
+        uuid: &str,
+        total: u64,
+        opts: BudgetOptions,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Self> {
+        let estimates = opts.estimates.clone();
+        Arc::new(Self {
+            uuid: uuid.to_owned(),
+            total,
+            opts,
+            state: Mutex::new(State {
+                free: Err("no memory reading yet".to_owned()),
+                reserved: 0,
+                outstanding: 0,
+                estimates,
+            }),
+            changed: Notify::new(),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .expect("card budget lock poisoned; this is a bug")
+    }
+
+    fn publish(&self, s: &State) {
+        self.metrics.gpu_memory(
+            &self.uuid,
+            self.total,
+            s.free.as_ref().ok().copied(),
+            s.reserved,
+        );
+    }
+
+    /// Records a memory reading. A failure stops admission (and says so once); the next
+    /// good reading resumes it.
+    pub(crate) fn set_reading(&self, reading: Result<u64, DeviceError>) {
+        let mut s = self.lock();
+        match (&s.free, &reading) {
+            (Ok(_), Err(e)) => tracing::warn!(gpu_uuid = %self.uuid, error = %e,
+                "cannot read card memory: admitting nothing on this card until a reading succeeds"),
+            (Err(was), Ok(free)) => tracing::info!(gpu_uuid = %self.uuid, free, previous = %was,
+                "card memory readable: admission resumes"),
+            _ => {}
+        }
+        s.free = reading.map_err(|e| e.to_string());
+        self.publish(&s);
+        drop(s);
+        self.changed.notify_waiters();
+    }
+
+    /// The current per-task estimate of `activity_type` (0 for types with none).
+    pub(crate) fn estimate(&self, activity_type: &str) -> u64 {
+        self.lock()
+            .estimates
+            .get(activity_type)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// A task of `activity_type` ran out of memory: raise its estimate by half (at most to
+    /// what the card can give), so fewer run at once from now on.
+    pub(crate) fn record_oom(&self, activity_type: &str) {
+        let mut s = self.lock();
+        let ceiling = self.total.saturating_sub(self.opts.headroom).max(1);
+        let est = s.estimates.entry(activity_type.to_owned()).or_insert(0);
+        let raised = (*est + *est / 2).max(*est + (64 << 20)).min(ceiling);
+        tracing::warn!(gpu_uuid = %self.uuid, activity_type, from = *est, to = raised,
+            "out of memory on the card: raising the per-task estimate");
+        *est = raised;
+        drop(s);
+        self.metrics.out_of_memory(&self.uuid, activity_type);
+    }
+
+    fn try_admit(&self, cost: u64) -> Result<(), Blocked> {
+        let mut s = self.lock();
+        let free = *s.free.as_ref().map_err(|_| Blocked::NoReading)?;
+        if s.outstanding >= self.opts.cap {
+            return Err(Blocked::Cap);
+        }
+        let available = free
+            .saturating_sub(self.opts.unseen_resident)
+            .saturating_sub(s.reserved)
+            .saturating_sub(self.opts.headroom);
+        if available < cost {
+            return Err(Blocked::Memory);
+        }
+        s.reserved += cost;
+        s.outstanding += 1;
+        self.publish(&s);
+        Ok(())
+    }
+
+    fn adjust(&self, from: u64, to: u64) {
+        let mut s = self.lock();
+        s.reserved = s.reserved.saturating_sub(from) + to;
+        self.publish(&s);
+        drop(s);
+        if to < from {
+            self.changed.notify_waiters();
+        }
+    }
+
+    fn release(&self, bytes: u64) {
+        let mut s = self.lock();
+        s.reserved = s.reserved.saturating_sub(bytes);
+        s.outstanding = s.outstanding.saturating_sub(1);
+        self.publish(&s);
+        drop(s);
+        self.changed.notify_waiters();
+    }
+
+    /// Bytes promised to outstanding permits.
+    #[cfg(test)]
+    pub(crate) fn reserved(&self) -> u64 {
+        self.lock().reserved
+    }
+
+    /// A slot supplier for one lane of this card, serving `activity_types`.
+    pub(crate) fn lane(self: &Arc<Self>, queue: &str, activity_types: &[&str]) -> LaneSlots {
+        LaneSlots {
+            budget: self.clone(),
+            queue: queue.to_owned(),
+            activity_types: activity_types.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+}
+
+/// Keeps every card's memory reading fresh: reads the inventory every `every` and feeds
+/// the budgets, which wakes lanes waiting for memory.
+pub(crate) async fn refresh(
+    budgets: Vec<Arc<CardBudget>>,
+    inventory: Arc<dyn DeviceInventory>,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for b in &budgets {
+            // NVML calls are quick but blocking; a simulation file read is too.
+            let inv = inventory.clone();
+            let uuid = b.uuid.clone();
+            let reading = tokio::task::spawn_blocking(move || inv.free_memory(&uuid))
+                .await
+                .expect("memory reading task panicked; this is a bug");
+            b.set_reading(reading);
+        }
+    }
+}
+
+/// The bytes a permit holds, kept in the permit so release returns exactly them.
+struct Held(AtomicU64);
+
+/// One lane's slot supplier, drawing on its card's [`CardBudget`].
+pub(crate) struct LaneSlots {
+    budget: Arc<CardBudget>,
+    queue: String,
+    activity_types: Vec<String>,
+}
+
+impl LaneSlots {
+    /// What one reservation costs now: the lane's costliest activity.
+    fn reservation_cost(&self) -> u64 {
+        self.activity_types
+            .iter()
+            .map(|a| self.budget.estimate(a))
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn grant(&self, cost: u64) -> SlotSupplierPermit {
+        self.budget
+            .metrics
+            .permit_issued(&self.budget.uuid, &self.queue);
+        SlotSupplierPermit::with_user_data(Held(AtomicU64::new(cost)))
+    }
+}
+
+#[async_trait::async_trait]
+impl SlotSupplier for LaneSlots {
+    type SlotKind = ActivitySlotKind;
+
+    async fn reserve_slot(&self, _ctx: &dyn SlotReservationContext) -> SlotSupplierPermit {
+        let mut waiting_since: Option<Instant> = None;
+        loop {
+            // Register for wake-ups before checking, so a release between the check and
+            // the wait is not missed.
+            let notified = self.budget.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let cost = self.reservation_cost();
+            match self.budget.try_admit(cost) {
+                Ok(()) => {
+                    if let Some(t) = waiting_since {
+                        self.budget.metrics.memory_wait(
+                            &self.budget.uuid,
+                            &self.queue,
+                            t.elapsed().as_secs_f64(),
+                        );
+                    }
+                    return self.grant(cost);
+                }
+                Err(Blocked::Memory) if waiting_since.is_none() => {
+                    tracing::debug!(gpu_uuid = %self.budget.uuid, task_queue = %self.queue, cost,
+                        "waiting for card memory before polling");
+                    waiting_since = Some(Instant::now());
+                }
+                Err(_) => {}
+            }
+            notified.await;
+        }
+    }
+
+    fn try_reserve_slot(&self, _ctx: &dyn SlotReservationContext) -> Option<SlotSupplierPermit> {
+        let cost = self.reservation_cost();
+        self.budget.try_admit(cost).ok().map(|()| self.grant(cost))
+    }
+
+    fn mark_slot_used(&self, ctx: &dyn SlotMarkUsedContext<SlotKind = Self::SlotKind>) {
+        let activity = &ctx.info().activity_type;
+        self.budget
+            .metrics
+            .permit_used(&self.budget.uuid, &self.queue, activity);
+        if let Some(held) = ctx.permit().user_data::<Held>() {
+            let actual = self.budget.estimate(activity);
+            let before = held.0.swap(actual, Ordering::Relaxed);
+            self.budget.adjust(before, actual);
+        }
+    }
+
+    fn release_slot(&self, ctx: &dyn SlotReleaseContext<SlotKind = Self::SlotKind>) {
+        let bytes = ctx
+            .permit()
+            .user_data::<Held>()
+            .map_or(0, |h| h.0.load(Ordering::Relaxed));
+        self.budget.release(bytes);
+    }
+
+    fn slot_supplier_kind(&self) -> String {
+        format!("gpulane-vram({})", self.budget.uuid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use temporalio_common::{protos::coresdk::ActivitySlotInfo, worker::WorkerDeploymentVersion};
+
+    const GIB: u64 = 1 << 30;
+
+    struct Reserve;
+    impl SlotReservationContext for Reserve {
+        fn task_queue(&self) -> &str {
+            "q"
+        }
+        fn worker_identity(&self) -> &str {
+            "test"
+        }
+        fn worker_deployment_version(&self) -> &Option<WorkerDeploymentVersion> {
+            &None
+        }
+        fn num_issued_slots(&self) -> usize {
+            0
+        }
+        fn is_sticky(&self) -> bool {
+            false
+        }
+    }
+
+    struct Used(SlotSupplierPermit, ActivitySlotInfo);
+    impl SlotMarkUsedContext for Used {
+        type SlotKind = ActivitySlotKind;
+        fn permit(&self) -> &SlotSupplierPermit {
+            &self.0
+        }
+        fn info(&self) -> &ActivitySlotInfo {
+            &self.1
+        }
+    }
+
+    struct Release(SlotSupplierPermit, Option<ActivitySlotInfo>);
+    impl SlotReleaseContext for Release {
+        type SlotKind = ActivitySlotKind;
+        fn permit(&self) -> &SlotSupplierPermit {
+            &self.0
+        }
+        fn info(&self) -> Option<&ActivitySlotInfo> {
+            self.1.as_ref()
+        }
+    }
+
+    fn budget(cap: usize, headroom: u64) -> Arc<CardBudget> {
+        let estimates =
+            HashMap::from([("embed".to_owned(), 2 * GIB), ("cheap".to_owned(), GIB / 2)]);
+        CardBudget::new(
+            "GPU-T",
+            8 * GIB,
+            BudgetOptions {
+                headroom,
+                cap,
+                unseen_resident: 0,
+                estimates,
+            },
+            Arc::default(),
+        )
+    }
+
+    async fn reserve_within(lane: &LaneSlots, d: Duration) -> Option<SlotSupplierPermit> {
+        tokio::time::timeout(d, lane.reserve_slot(&Reserve))
+            .await
+            .ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_permit_below_one_task_then_permits_flow_when_memory_frees() {
+        let b = budget(8, 0);
+        let lane = b.lane("gpu-tools", &["embed"]);
+        b.set_reading(Ok(GIB)); // one task needs 2 GiB
+        assert!(lane.try_reserve_slot(&Reserve).is_none());
+        assert!(reserve_within(&lane, Duration::from_secs(60))
+            .await
+            .is_none());
+
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(
+                async move { b.lane("gpu-tools", &["embed"]).reserve_slot(&Reserve).await },
+            )
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        b.set_reading(Ok(5 * GIB)); // room for two
+        let _p1 = tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("the waiting lane is woken by the new reading")
+            .unwrap();
+        let _p2 = lane.try_reserve_slot(&Reserve).expect("second task fits");
+        assert!(
+            lane.try_reserve_slot(&Reserve).is_none(),
+            "a third would over-commit"
+        );
+        assert_eq!(b.reserved(), 4 * GIB);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_lanes_of_one_card_never_over_commit_together() {
+        let b = budget(100, GIB);
+        b.set_reading(Ok(7 * GIB)); // 6 GiB usable after headroom: three 2 GiB tasks
+        let shared = b.lane("gpu-tools", &["embed"]);
+        let private = b.lane("gpu-tools.h.gpu-t", &["embed"]);
+        let mut held = Vec::new();
+        for i in 0..10 {
+            let lane = if i % 2 == 0 { &shared } else { &private };
+            if let Some(p) = lane.try_reserve_slot(&Reserve) {
+                held.push(p);
+            }
+        }
+        assert_eq!(held.len(), 3);
+        assert!(reserve_within(&private, Duration::from_secs(5))
+            .await
+            .is_none());
+        assert!(b.reserved() <= 6 * GIB);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_without_a_task_frees_the_reservation() {
+        let b = budget(8, 0);
+        b.set_reading(Ok(2 * GIB));
+        let lane = b.lane("gpu-tools", &["embed"]);
+        let p = lane.try_reserve_slot(&Reserve).unwrap();
+        assert!(lane.try_reserve_slot(&Reserve).is_none());
+        lane.release_slot(&Release(p, None)); // the poll came back empty
+        assert_eq!(b.reserved(), 0);
+        assert!(lane.try_reserve_slot(&Reserve).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn mark_used_corrects_to_the_actual_activity() {
+        let b = budget(8, 0);
+        b.set_reading(Ok(3 * GIB));
+        let lane = b.lane("gpu-tools", &["embed", "cheap"]);
+        let p = lane.try_reserve_slot(&Reserve).unwrap();
+        assert_eq!(b.reserved(), 2 * GIB, "reserves the costliest activity");
+        let info = ActivitySlotInfo {
+            activity_type: "cheap".to_owned(),
+        };
+        let used = Used(p, info.clone());
+        lane.mark_slot_used(&used);
+        assert_eq!(b.reserved(), GIB / 2);
+        lane.release_slot(&Release(used.0, Some(info)));
+        assert_eq!(b.reserved(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn out_of_memory_raises_the_estimate() {
+        let b = budget(8, 0);
+        b.set_reading(Ok(5 * GIB));
+        let lane = b.lane("gpu-tools", &["embed"]);
+        b.record_oom("embed");
+        assert_eq!(b.estimate("embed"), 3 * GIB);
+        let _a = lane.try_reserve_slot(&Reserve).unwrap();
+        assert!(
+            lane.try_reserve_slot(&Reserve).is_none(),
+            "two 3 GiB tasks do not fit in 5 GiB"
+        );
+        for _ in 0..10 {
+            b.record_oom("embed");
+        }
+        assert_eq!(b.estimate("embed"), 8 * GIB, "never above the card");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_reading_stops_admission_until_one_succeeds() {
+        let b = budget(8, 0);
+        let lane = b.lane("gpu-tools", &["embed"]);
+        b.set_reading(Ok(8 * GIB));
+        assert!(lane.try_reserve_slot(&Reserve).is_some());
+        b.set_reading(Err(DeviceError::UnknownDevice("GPU-T".into())));
+        assert!(lane.try_reserve_slot(&Reserve).is_none());
+        assert!(reserve_within(&lane, Duration::from_secs(30))
+            .await
+            .is_none());
+        b.set_reading(Ok(8 * GIB));
+        assert!(lane.try_reserve_slot(&Reserve).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cap_bounds_tasks_even_with_memory_to_spare() {
+        let b = budget(2, 0);
+        b.set_reading(Ok(80 * GIB));
+        let lane = b.lane("gpu-tools", &["cheap"]);
+        let _a = lane.try_reserve_slot(&Reserve).unwrap();
+        let _b = lane.try_reserve_slot(&Reserve).unwrap();
+        assert!(lane.try_reserve_slot(&Reserve).is_none());
+    }
+}
