@@ -2,10 +2,10 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::bert::BertModel;
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use crate::{
+    backbone::Backbone,
     pooling::l2_normalize,
     st_dir::{SentenceTransformerDir, MAX_BATCH_ROWS},
     ModelError, ModelInfo,
@@ -41,7 +41,7 @@ pub struct Embeddings {
 /// A sentence-transformers BERT embedder loaded on one device. Blocking: call it from the
 /// engine thread, never from the async runtime.
 pub struct Embedder {
-    model: BertModel,
+    model: Backbone,
     /// Encodes with truncation at `max_seq_length`.
     truncating: Tokenizer,
     /// Encodes without truncation, to measure and refuse over-long texts.
@@ -68,6 +68,7 @@ impl Embedder {
         // not the model's (all-MiniLM-L6-v2 ships 128 for a 256-token model). We pad per
         // batch ourselves and truncate at sentence-transformers' max_seq_length.
         whole.with_padding(None);
+        st.family.align_tokenizer(&mut whole);
         whole
             .with_truncation(None)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
@@ -92,12 +93,12 @@ impl Embedder {
         // serving, and a user who rewrites them underneath a running worker gets garbage
         // embeddings, not memory unsafety in practice (candle copies into tensors).
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[weights], dtype, device)? };
-        let model = BertModel::load(vb, &st.bert_config)?;
+        let model = Backbone::load(st.family, &st.config, vb, dir)?;
         Ok(Self {
             model,
             truncating,
             whole,
-            pad_id: st.bert_config.pad_token_id as u32,
+            pad_id: st.pad_id,
             info: st.info,
             device: device.clone(),
         })
@@ -114,7 +115,9 @@ impl Embedder {
         } else {
             &self.whole
         };
-        let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        // sentence-transformers strips each text before tokenizing; with a Metaspace
+        // (sentencepiece) pre-tokenizer, "   " and "" tokenize differently, so do the same.
+        let inputs: Vec<&str> = texts.iter().map(|t| t.trim()).collect();
         let encodings = tok
             .encode_batch(inputs, true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
@@ -177,7 +180,7 @@ impl Embedder {
         let input = Tensor::from_vec(input, (rows, width), &self.device)?;
         let mask = Tensor::from_vec(mask, (rows, width), &self.device)?;
         let types = input.zeros_like()?;
-        let hidden = self.model.forward(&input, &types, Some(&mask))?;
+        let hidden = self.model.forward(&input, &types, &mask)?;
         let mut pooled = self.info.pooling.pool(&hidden, &mask)?;
         if normalize {
             pooled = l2_normalize(&pooled)?;

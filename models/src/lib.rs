@@ -5,6 +5,8 @@
 //! engine calls, and the runtime decides which device an engine lives on.
 #![warn(missing_docs)]
 
+mod backbone;
+mod cross_encoder;
 mod embedder;
 mod engine;
 mod error;
@@ -12,6 +14,7 @@ mod pooling;
 mod st_dir;
 
 pub use crate::{
+    cross_encoder::{CrossEncoder, CrossEncoderInfo, Scores},
     embedder::{EmbedOptions, Embedder, Embeddings},
     engine::{Engine, EngineDevice},
     error::ModelError,

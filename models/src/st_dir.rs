@@ -2,7 +2,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::{ModelError, Pooling};
+use crate::{backbone::Family, ModelError, Pooling};
 
 /// What a sentence-transformers model directory declares, read from its own files:
 /// `config.json` (architecture and sizes), `modules.json` (is there a `Normalize`
@@ -14,7 +14,9 @@ pub struct SentenceTransformerDir {
     pub path: PathBuf,
     /// Summary for listings and activity results.
     pub info: ModelInfo,
-    pub(crate) bert_config: candle_transformers::models::bert::Config,
+    pub(crate) family: Family,
+    pub(crate) config: serde_json::Value,
+    pub(crate) pad_id: u32,
 }
 
 /// A loaded model's description, as `gpulane models` and activity results show it.
@@ -77,7 +79,7 @@ impl ModelInfo {
 }
 
 /// Counts the floating-point parameters in a safetensors file from its header alone.
-fn count_parameters(path: &Path) -> Result<u64, ModelError> {
+pub(crate) fn count_parameters(path: &Path) -> Result<u64, ModelError> {
     use std::io::Read;
     let io = |source| ModelError::File {
         path: path.to_owned(),
@@ -170,20 +172,36 @@ impl SentenceTransformerDir {
             reason,
         };
         let arch: ArchConfig = read_json(&path.join("config.json"))?;
+        let config: serde_json::Value = read_json(&path.join("config.json"))?;
+        let model_type = arch.model_type.clone().unwrap_or_else(|| "bert".to_owned());
+        let family = Family::of(&model_type).ok_or_else(|| {
+            unsupported(format!(
+                "model_type {model_type:?}; supported embedders: bert, xlm-roberta"
+            ))
+        })?;
         let architecture = arch
             .architectures
             .first()
             .cloned()
             .unwrap_or_else(|| "BertModel".to_owned());
-        let is_bert = arch.model_type.as_deref().unwrap_or("bert") == "bert";
-        if !is_bert || !matches!(architecture.as_str(), "BertModel" | "BertForMaskedLM") {
+        if !matches!(
+            architecture.as_str(),
+            "BertModel"
+                | "BertForMaskedLM"
+                | "XLMRobertaModel"
+                | "RobertaModel"
+                | "XLMRobertaForMaskedLM"
+        ) {
             return Err(unsupported(format!(
-                "architecture {architecture} (model_type {:?}); supported: BertModel",
-                arch.model_type
+                "architecture {architecture}; an embedder is a BertModel or XLMRobertaModel"
             )));
         }
-        let bert_config: candle_transformers::models::bert::Config =
-            read_json(&path.join("config.json"))?;
+        let dim = |key: &str| -> Result<usize, ModelError> {
+            config[key]
+                .as_u64()
+                .map(|v| v as usize)
+                .ok_or_else(|| unsupported(format!("config.json has no {key}")))
+        };
 
         let modules: Vec<ModuleEntry> = read_json(&path.join("modules.json"))?;
         let normalize = modules.iter().any(|m| m.kind.ends_with("models.Normalize"));
@@ -214,25 +232,26 @@ impl SentenceTransformerDir {
         };
 
         let sbert: SbertConfig = read_json(&path.join("sentence_bert_config.json"))?;
-        let max_seq_length = sbert
-            .max_seq_length
-            .unwrap_or(bert_config.max_position_embeddings)
-            .min(bert_config.max_position_embeddings);
+        let positions = family.max_positions(&config);
+        let max_seq_length = sbert.max_seq_length.unwrap_or(positions).min(positions);
         let info = ModelInfo {
             architecture,
             pooling,
             normalize,
             max_seq_length,
-            dimensions: bert_config.hidden_size,
-            num_layers: bert_config.num_hidden_layers,
-            num_heads: bert_config.num_attention_heads,
-            intermediate_size: bert_config.intermediate_size,
+            dimensions: dim("hidden_size")?,
+            num_layers: dim("num_hidden_layers")?,
+            num_heads: dim("num_attention_heads")?,
+            intermediate_size: dim("intermediate_size")?,
             parameters: count_parameters(&path.join("model.safetensors"))?,
         };
+        let pad_id = config["pad_token_id"].as_u64().unwrap_or(0) as u32;
         Ok(Self {
             path: path.to_owned(),
             info,
-            bert_config,
+            family,
+            config,
+            pad_id,
         })
     }
 }

@@ -173,3 +173,54 @@ fn batching_does_not_change_vectors() {
         assert_close(&one.vectors, &all.vectors[i..=i], "single vs batched");
     }
 }
+
+#[test]
+fn tiny_xlmr_mean_matches_sentence_transformers() {
+    let dir = fixtures().join("tiny-xlmr-mean");
+    let r = reference(&dir.join("reference.json"));
+    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    assert_eq!(model.info().pooling, gpulane_models::Pooling::Mean);
+    assert_eq!(model.info().max_seq_length, 64);
+    let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
+    assert_close(&out.vectors, &floats(&r["embeddings"]), "tiny-xlmr-mean");
+}
+
+fn check_cross_encoder(name: &str) {
+    let dir = fixtures().join(name);
+    let r = reference(&dir.join("reference.json"));
+    let model = gpulane_models::CrossEncoder::load(
+        &dir,
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap();
+    assert_eq!(model.info().max_length, 128);
+    for case in r["cases"].as_array().unwrap() {
+        let query = case["query"].as_str().unwrap();
+        let docs: Vec<String> = serde_json::from_value(case["documents"].clone()).unwrap();
+        let raw: Vec<f32> = serde_json::from_value(case["raw_scores"].clone()).unwrap();
+        let scores: Vec<f32> = serde_json::from_value(case["scores"].clone()).unwrap();
+        let out = model.score(query, &docs).unwrap();
+        for (i, ((got, want_raw), want)) in out.logits.iter().zip(&raw).zip(&scores).enumerate() {
+            let sig = 1.0 / (1.0 + (-got).exp());
+            assert!(
+                (got - want_raw).abs() <= 1e-4,
+                "{name} {query:?}[{i}]: raw {got} vs {want_raw}"
+            );
+            assert!(
+                (sig - want).abs() <= 1e-4,
+                "{name} {query:?}[{i}]: score {sig} vs {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn tiny_cross_encoder_matches_transformers() {
+    check_cross_encoder("tiny-cross-encoder");
+}
+
+#[test]
+fn tiny_xlmr_cross_encoder_matches_transformers() {
+    check_cross_encoder("tiny-xlmr-cross-encoder");
+}
