@@ -4,127 +4,34 @@
 use gpulane_proto::EmbedRequest;
 use serde_json::Value;
 
-use crate::{ActivityError, Limits};
+use crate::{
+    input::{invalid, object, opt_bool, opt_string, strings},
+    ActivityError, Limits,
+};
 
 const FIELDS: &[&str] = &["texts", "model", "normalize", "truncate"];
 const SHAPE: &str =
     r#"{"texts": ["..."], "model"?: string, "normalize"?: bool, "truncate"?: bool}"#;
 
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-fn invalid(msg: String) -> ActivityError {
-    ActivityError::InvalidInput(msg)
-}
-
-fn opt_bool(
-    obj: &serde_json::Map<String, Value>,
-    field: &str,
-) -> Result<Option<bool>, ActivityError> {
-    match obj.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(other) => Err(invalid(format!(
-            "field \"{field}\" must be true or false, got {}",
-            kind(other)
-        ))),
-    }
-}
-
 /// Parses and checks an `embed` input against `limits`.
 pub(crate) fn parse_embed(input: &[u8], limits: &Limits) -> Result<EmbedRequest, ActivityError> {
-    let value: Value = serde_json::from_slice(input).map_err(|e| {
-        invalid(format!(
-            "input is not valid JSON ({e}); pass an object like {SHAPE}"
-        ))
-    })?;
-    let Value::Object(obj) = value else {
-        return Err(invalid(format!(
-            "input must be a JSON object like {SHAPE}, got {}",
-            kind(&value)
-        )));
-    };
-    if let Some(unknown) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(invalid(format!(
-            "unknown field \"{unknown}\"; embed takes {FIELDS:?}"
-        )));
-    }
+    let obj = object(input, FIELDS, SHAPE)?;
     let texts =
         match obj.get("texts") {
-            None | Some(Value::Null) => {
-                return Err(invalid(format!(
-                    "field \"texts\" is required: pass {SHAPE}"
-                )))
-            }
-            Some(Value::Array(a)) => a,
             Some(Value::String(_)) => return Err(invalid(
                 "field \"texts\" must be an array of strings, got a string: wrap it as [\"...\"]"
                     .to_owned(),
             )),
-            Some(other) => {
+            Some(v) if !v.is_null() => strings("texts", v, limits)?,
+            _ => {
                 return Err(invalid(format!(
-                    "field \"texts\" must be an array of strings, got {}",
-                    kind(other)
+                    "field \"texts\" is required: pass {SHAPE}"
                 )))
             }
         };
-    if texts.is_empty() {
-        return Err(invalid(
-            "field \"texts\" is empty: pass at least one text".to_owned(),
-        ));
-    }
-    if texts.len() > limits.max_texts {
-        return Err(invalid(format!(
-            "field \"texts\" has {} texts, over the limit of {} per call: split them across several calls",
-            texts.len(),
-            limits.max_texts
-        )));
-    }
-    let mut out = Vec::with_capacity(texts.len());
-    let mut total = 0usize;
-    for (i, t) in texts.iter().enumerate() {
-        let Value::String(s) = t else {
-            return Err(invalid(format!(
-                "texts[{i}] must be a string, got {}",
-                kind(t)
-            )));
-        };
-        let chars = s.chars().count();
-        if chars > limits.max_text_chars {
-            return Err(invalid(format!(
-                "texts[{i}] has {chars} characters, over the limit of {} per text: split or shorten it",
-                limits.max_text_chars
-            )));
-        }
-        total += chars;
-        out.push(s.clone());
-    }
-    if total > limits.max_total_chars {
-        return Err(invalid(format!(
-            "field \"texts\" has {total} characters in all, over the limit of {} per call: split them across several calls",
-            limits.max_total_chars
-        )));
-    }
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(other) => {
-            return Err(invalid(format!(
-                "field \"model\" must be a model name (a string), got {}",
-                kind(other)
-            )))
-        }
-    };
+    let model = opt_string(&obj, "model")?;
     Ok(EmbedRequest {
-        texts: out,
+        texts,
         model,
         normalize: opt_bool(&obj, "normalize")?,
         truncate: opt_bool(&obj, "truncate")?,

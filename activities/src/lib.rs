@@ -6,7 +6,9 @@
 
 mod embed;
 mod error;
+mod input;
 mod limits;
+mod rerank;
 mod service;
 
 pub use crate::{

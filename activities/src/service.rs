@@ -1,9 +1,36 @@
 use std::sync::Arc;
 
-use gpulane_models::{EmbedOptions, Engine};
-use gpulane_proto::{activity, DeviceInfo, EmbedRequest, EmbedResponse, Usage};
+use gpulane_models::{EmbedOptions, Engine, ModelKind};
+use gpulane_proto::{
+    activity, DeviceInfo, EmbedRequest, EmbedResponse, RerankRequest, RerankResponse, RerankResult,
+    Usage,
+};
 
-use crate::{embed::parse_embed, ActivityError, Limits};
+use crate::{embed::parse_embed, rerank::parse_rerank, ActivityError, Limits};
+
+/// Which kind of model an activity needs.
+#[derive(Clone, Copy)]
+enum Need {
+    Embedder,
+    CrossEncoder,
+}
+
+impl Need {
+    fn fits(self, kind: &ModelKind) -> bool {
+        matches!(
+            (self, kind),
+            (Need::Embedder, ModelKind::Embedder(_))
+                | (Need::CrossEncoder, ModelKind::CrossEncoder(_))
+        )
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Need::Embedder => "embedder",
+            Need::CrossEncoder => "cross-encoder",
+        }
+    }
+}
 
 /// The models one device serves, by name. The first is the default embedder.
 #[derive(Clone, Default)]
@@ -27,15 +54,38 @@ impl ModelSet {
         self.engines.iter().map(|e| e.name().to_owned()).collect()
     }
 
-    fn get(&self, name: Option<&str>) -> Result<&Engine, ActivityError> {
-        let found = match name {
-            None => self.engines.first(),
-            Some(n) => self.engines.iter().find(|e| e.name() == n),
+    /// The engine for `name`, or the first of the needed kind when `name` is absent.
+    fn get(&self, name: Option<&str>, need: Need) -> Result<&Engine, ActivityError> {
+        let of_kind = || -> Vec<String> {
+            self.engines
+                .iter()
+                .filter(|e| need.fits(e.kind()))
+                .map(|e| e.name().to_owned())
+                .collect()
         };
-        found.ok_or_else(|| ActivityError::UnknownModel {
-            name: name.unwrap_or("<default>").to_owned(),
-            known: self.names(),
-        })
+        match name {
+            None => self
+                .engines
+                .iter()
+                .find(|e| need.fits(e.kind()))
+                .ok_or_else(|| ActivityError::UnknownModel {
+                    name: format!("<default {}>", need.label()),
+                    known: self.names(),
+                }),
+            Some(n) => match self.engines.iter().find(|e| e.name() == n) {
+                Some(e) if need.fits(e.kind()) => Ok(e),
+                Some(e) => Err(ActivityError::InvalidInput(format!(
+                    "field \"model\": {n:?} is a {}, this activity needs a {}: pass one of {:?}",
+                    e.kind().label(),
+                    need.label(),
+                    of_kind()
+                ))),
+                None => Err(ActivityError::UnknownModel {
+                    name: n.to_owned(),
+                    known: self.names(),
+                }),
+            },
+        }
     }
 }
 
@@ -74,7 +124,7 @@ impl DeviceActivities {
 
     /// The activity types served.
     pub fn activity_types() -> Vec<&'static str> {
-        vec![activity::EMBED]
+        vec![activity::EMBED, activity::RERANK]
     }
 
     /// The models served.
@@ -95,6 +145,11 @@ impl DeviceActivities {
                 let out = self.embed(req).await?;
                 Ok(serde_json::to_vec(&out).expect("embed response serializes; this is a bug"))
             }
+            activity::RERANK => {
+                let req = parse_rerank(input, &self.inner.limits)?;
+                let out = self.rerank(req).await?;
+                Ok(serde_json::to_vec(&out).expect("rerank response serializes; this is a bug"))
+            }
             other => Err(ActivityError::UnknownActivity {
                 name: other.to_owned(),
                 known: Self::activity_types(),
@@ -104,20 +159,67 @@ impl DeviceActivities {
 
     /// The `embed` activity on an already-validated request.
     pub async fn embed(&self, req: EmbedRequest) -> Result<EmbedResponse, ActivityError> {
-        let engine = self.inner.models.get(req.model.as_deref())?;
+        let engine = self
+            .inner
+            .models
+            .get(req.model.as_deref(), Need::Embedder)?;
+        let ModelKind::Embedder(info) = engine.kind() else {
+            unreachable!("get() returned a non-embedder for Need::Embedder; this is a bug")
+        };
+        let dimensions = info.dimensions;
         let opts = EmbedOptions {
             normalize: req.normalize,
             truncate: req.truncate.unwrap_or(true),
         };
         let out = engine.embed(req.texts, opts).await?;
         Ok(EmbedResponse {
-            dimensions: engine.info().dimensions,
+            dimensions,
             embeddings: out.vectors,
             model: engine.name().to_owned(),
             device: self.inner.device.clone(),
             host_task_queue: self.inner.host_task_queue.clone(),
             usage: Usage {
                 tokens: out.token_counts.iter().map(|&c| c as u64).sum(),
+            },
+        })
+    }
+
+    /// The `rerank` activity on an already-validated request: results sorted by score,
+    /// highest first, cut to `top_n`.
+    pub async fn rerank(&self, req: RerankRequest) -> Result<RerankResponse, ActivityError> {
+        let engine = self
+            .inner
+            .models
+            .get(req.model.as_deref(), Need::CrossEncoder)?;
+        let raw = req.raw_scores.unwrap_or(false);
+        let with_docs = req.return_documents.unwrap_or(false);
+        let scored = engine.score(req.query, req.documents.clone()).await?;
+        let mut results: Vec<RerankResult> = scored
+            .logits
+            .iter()
+            .enumerate()
+            .map(|(index, &logit)| RerankResult {
+                index,
+                score: if raw {
+                    logit
+                } else {
+                    1.0 / (1.0 + (-logit).exp())
+                },
+                document: with_docs.then(|| req.documents[index].clone()),
+            })
+            .collect();
+        // Stable sort: equal scores keep input order.
+        results.sort_by(|a, b| b.score.total_cmp(&a.score));
+        if let Some(n) = req.top_n {
+            results.truncate(n);
+        }
+        Ok(RerankResponse {
+            results,
+            model: engine.name().to_owned(),
+            device: self.inner.device.clone(),
+            host_task_queue: self.inner.host_task_queue.clone(),
+            usage: Usage {
+                tokens: scored.token_counts.iter().map(|&c| c as u64).sum(),
             },
         })
     }

@@ -12,7 +12,7 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStr
 
 use crate::{
     backbone::{xlmr_config, Family},
-    st_dir::{count_parameters, read_json, MAX_BATCH_ROWS},
+    st_dir::{count_parameters, read_json, working_bytes, MAX_BATCH_ROWS},
     ModelError,
 };
 
@@ -28,6 +28,24 @@ pub struct CrossEncoderInfo {
     pub hidden_size: usize,
     /// Floating-point parameters, for cost estimates.
     pub parameters: u64,
+    /// Feed-forward width, for cost estimates.
+    pub intermediate_size: usize,
+    /// Attention heads, for cost estimates.
+    pub num_heads: usize,
+}
+
+impl CrossEncoderInfo {
+    /// Working memory of one forward pass at the largest batch; the same formula as
+    /// [`crate::ModelInfo::working_bytes`].
+    pub fn working_bytes(&self, dtype_bytes: u64) -> u64 {
+        working_bytes(
+            self.max_length,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_heads,
+            dtype_bytes,
+        )
+    }
 }
 
 /// Relevance logits for one query's documents, in input order.
@@ -147,6 +165,8 @@ impl CrossEncoder {
                 max_length,
                 hidden_size: config["hidden_size"].as_u64().unwrap_or(0) as usize,
                 parameters,
+                intermediate_size: config["intermediate_size"].as_u64().unwrap_or(0) as usize,
+                num_heads: config["num_attention_heads"].as_u64().unwrap_or(1) as usize,
             },
             device: device.clone(),
         })

@@ -3,7 +3,10 @@ use std::{path::Path, sync::Arc, thread};
 use candle_core::{DType, Device};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{EmbedOptions, Embedder, Embeddings, ModelError, ModelInfo};
+use crate::{
+    st_dir::read_json, CrossEncoder, CrossEncoderInfo, EmbedOptions, Embedder, Embeddings,
+    ModelError, ModelInfo, Scores,
+};
 
 /// Where an engine runs its model.
 #[derive(Debug, Clone)]
@@ -14,10 +17,62 @@ pub enum EngineDevice {
     Cuda(usize),
 }
 
+/// What an engine serves, and its description.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelKind {
+    /// A sentence-transformers embedder.
+    Embedder(ModelInfo),
+    /// A cross-encoder (reranker).
+    CrossEncoder(CrossEncoderInfo),
+}
+
+impl ModelKind {
+    /// `embedder` or `cross-encoder`, for messages and listings.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ModelKind::Embedder(_) => "embedder",
+            ModelKind::CrossEncoder(_) => "cross-encoder",
+        }
+    }
+
+    /// Bytes the weights occupy at `dtype_bytes` per parameter.
+    pub fn weight_bytes(&self, dtype_bytes: u64) -> u64 {
+        match self {
+            ModelKind::Embedder(i) => i.weight_bytes(dtype_bytes),
+            ModelKind::CrossEncoder(i) => i.parameters * dtype_bytes,
+        }
+    }
+
+    /// Working memory of one forward pass at the largest batch (see ARCHITECTURE.md).
+    pub fn working_bytes(&self, dtype_bytes: u64) -> u64 {
+        match self {
+            ModelKind::Embedder(i) => i.working_bytes(dtype_bytes),
+            ModelKind::CrossEncoder(i) => i.working_bytes(dtype_bytes),
+        }
+    }
+}
+
+// Boxed: the two differ a lot in size and one lives per engine thread.
+enum Loaded {
+    Embedder(Box<Embedder>),
+    CrossEncoder(Box<CrossEncoder>),
+}
+
+enum Work {
+    Embed {
+        texts: Vec<String>,
+        opts: EmbedOptions,
+        reply: oneshot::Sender<Result<Embeddings, ModelError>>,
+    },
+    Score {
+        query: String,
+        documents: Vec<String>,
+        reply: oneshot::Sender<Result<Scores, ModelError>>,
+    },
+}
+
 struct Job {
-    texts: Vec<String>,
-    opts: EmbedOptions,
-    reply: oneshot::Sender<Result<Embeddings, ModelError>>,
+    work: Work,
     span: tracing::Span,
 }
 
@@ -26,8 +81,17 @@ struct Job {
 #[derive(Clone)]
 pub struct Engine {
     name: Arc<str>,
-    info: Arc<ModelInfo>,
+    kind: Arc<ModelKind>,
     jobs: mpsc::Sender<Job>,
+}
+
+/// A cross-encoder's config.json names a `*ForSequenceClassification` architecture;
+/// anything else is loaded as a sentence-transformers embedder.
+fn is_cross_encoder(dir: &Path) -> Result<bool, ModelError> {
+    let config: serde_json::Value = read_json(&dir.join("config.json"))?;
+    Ok(config["architectures"][0]
+        .as_str()
+        .is_some_and(|a| a.ends_with("ForSequenceClassification")))
 }
 
 impl Engine {
@@ -38,29 +102,59 @@ impl Engine {
             EngineDevice::Cpu => Device::Cpu,
             EngineDevice::Cuda(ordinal) => Device::new_cuda(*ordinal)?,
         };
-        let embedder = Embedder::load(dir, &device, DType::F32)?;
-        let info = Arc::new(embedder.info().clone());
+        let (model, kind) = if is_cross_encoder(dir)? {
+            let m = CrossEncoder::load(dir, &device, DType::F32)?;
+            let kind = ModelKind::CrossEncoder(m.info().clone());
+            (Loaded::CrossEncoder(Box::new(m)), kind)
+        } else {
+            let m = Embedder::load(dir, &device, DType::F32)?;
+            let kind = ModelKind::Embedder(m.info().clone());
+            (Loaded::Embedder(Box::new(m)), kind)
+        };
         // A short queue: activities wait here for the model, already holding their slot.
         let (tx, mut rx) = mpsc::channel::<Job>(64);
         thread::Builder::new()
             .name(format!("engine-{name}"))
             .spawn(move || {
                 while let Some(job) = rx.blocking_recv() {
-                    // A caller that gave up (cancelled, timed out) no longer waits: skip it.
-                    if job.reply.is_closed() {
-                        continue;
-                    }
                     let _enter = job.span.enter();
-                    let out = embedder
-                        .embed(&job.texts, job.opts)
-                        .map_err(ModelError::classify);
-                    let _ = job.reply.send(out);
+                    // A caller that gave up (cancelled, timed out) no longer waits: skip it.
+                    match (job.work, &model) {
+                        (Work::Embed { texts, opts, reply }, Loaded::Embedder(m)) => {
+                            if !reply.is_closed() {
+                                let _ =
+                                    reply.send(m.embed(&texts, opts).map_err(ModelError::classify));
+                            }
+                        }
+                        (
+                            Work::Score {
+                                query,
+                                documents,
+                                reply,
+                            },
+                            Loaded::CrossEncoder(m),
+                        ) => {
+                            if !reply.is_closed() {
+                                let _ = reply.send(
+                                    m.score(&query, &documents).map_err(ModelError::classify),
+                                );
+                            }
+                        }
+                        (Work::Embed { reply, .. }, _) => {
+                            let _ = reply
+                                .send(Err(ModelError::WrongKind("a cross-encoder cannot embed")));
+                        }
+                        (Work::Score { reply, .. }, _) => {
+                            let _ =
+                                reply.send(Err(ModelError::WrongKind("an embedder cannot rerank")));
+                        }
+                    }
                 }
             })
             .map_err(ModelError::Spawn)?;
         Ok(Self {
             name: name.into(),
-            info,
+            kind: Arc::new(kind),
             jobs: tx,
         })
     }
@@ -70,9 +164,25 @@ impl Engine {
         &self.name
     }
 
-    /// The model's description.
-    pub fn info(&self) -> &ModelInfo {
-        &self.info
+    /// What the model is.
+    pub fn kind(&self) -> &ModelKind {
+        &self.kind
+    }
+
+    async fn submit<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, ModelError>>) -> Work,
+    ) -> Result<T, ModelError> {
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            work: make(reply),
+            span: tracing::Span::current(),
+        };
+        self.jobs
+            .send(job)
+            .await
+            .map_err(|_| ModelError::EngineStopped)?;
+        rx.await.map_err(|_| ModelError::EngineStopped)?
     }
 
     /// Embeds `texts` on the engine thread. Dropping the future abandons the call; if the
@@ -82,17 +192,17 @@ impl Engine {
         texts: Vec<String>,
         opts: EmbedOptions,
     ) -> Result<Embeddings, ModelError> {
-        let (reply, rx) = oneshot::channel();
-        let job = Job {
-            texts,
-            opts,
-            reply,
-            span: tracing::Span::current(),
-        };
-        self.jobs
-            .send(job)
+        self.submit(|reply| Work::Embed { texts, opts, reply })
             .await
-            .map_err(|_| ModelError::EngineStopped)?;
-        rx.await.map_err(|_| ModelError::EngineStopped)?
+    }
+
+    /// Scores `documents` against `query` on the engine thread (cross-encoders only).
+    pub async fn score(&self, query: String, documents: Vec<String>) -> Result<Scores, ModelError> {
+        self.submit(|reply| Work::Score {
+            query,
+            documents,
+            reply,
+        })
+        .await
     }
 }

@@ -57,6 +57,10 @@ pub enum ModelError {
     /// estimate for the activity and admits less at once, so a retry usually fits.
     #[error("the device ran out of memory: {0}")]
     OutOfMemory(String),
+    /// The call asked a model for what its kind cannot do. Not retryable; the activities
+    /// layer checks kinds first, so this is a bug if it surfaces.
+    #[error("wrong model kind: {0}")]
+    WrongKind(&'static str),
     /// The engine thread is gone (the worker is shutting down). Retryable: another worker
     /// or a restarted one can serve the task.
     #[error("the model engine has stopped")]

@@ -16,7 +16,7 @@ mod st_dir;
 pub use crate::{
     cross_encoder::{CrossEncoder, CrossEncoderInfo, Scores},
     embedder::{EmbedOptions, Embedder, Embeddings},
-    engine::{Engine, EngineDevice},
+    engine::{Engine, EngineDevice, ModelKind},
     error::ModelError,
     pooling::Pooling,
     st_dir::{ModelInfo, SentenceTransformerDir},

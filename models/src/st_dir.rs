@@ -69,13 +69,28 @@ impl ModelInfo {
     /// attention scores plus their softmax (T/L rows of A × L × L each). ARCHITECTURE.md
     /// explains the terms; `--vram-cost` overrides it per model.
     pub fn working_bytes(&self, dtype_bytes: u64) -> u64 {
-        let t = self.max_batch_tokens() as u64;
-        let l = self.max_seq_length as u64;
-        let h = self.dimensions as u64;
-        let i = self.intermediate_size as u64;
-        let a = self.num_heads as u64;
-        dtype_bytes * (t * (4 * h + 2 * i) + 2 * a * t * l)
+        working_bytes(
+            self.max_seq_length,
+            self.dimensions,
+            self.intermediate_size,
+            self.num_heads,
+            dtype_bytes,
+        )
     }
+}
+
+/// The per-task working-memory formula of [`ModelInfo::working_bytes`], shared by every
+/// encoder kind.
+pub(crate) fn working_bytes(
+    max_len: usize,
+    hidden: usize,
+    inter: usize,
+    heads: usize,
+    b: u64,
+) -> u64 {
+    let t = MAX_BATCH_TOKENS.min(MAX_BATCH_ROWS * max_len) as u64;
+    let (l, h, i, a) = (max_len as u64, hidden as u64, inter as u64, heads as u64);
+    b * (t * (4 * h + 2 * i) + 2 * a * t * l)
 }
 
 /// Counts the floating-point parameters in a safetensors file from its header alone.

@@ -7,6 +7,7 @@
 
 mod embed;
 mod names;
+mod rerank;
 
 pub use crate::{
     embed::{DeviceInfo, DeviceKind, EmbedRequest, EmbedResponse, Usage},
@@ -14,4 +15,5 @@ pub use crate::{
         activity, cpu_host_queue, failure, gpu_card_queue, sanitize_host, CPU_TOOLS, GPU_TOOLS,
         QUEUE_PREFIX_SEPARATOR,
     },
+    rerank::{RerankRequest, RerankResponse, RerankResult},
 };

@@ -12,6 +12,8 @@ pub const QUEUE_PREFIX_SEPARATOR: char = '.';
 pub mod activity {
     /// Text embedding: [`crate::EmbedRequest`] in, [`crate::EmbedResponse`] out.
     pub const EMBED: &str = "embed";
+    /// Cross-encoder reranking: [`crate::RerankRequest`] in, [`crate::RerankResponse`] out.
+    pub const RERANK: &str = "rerank";
 }
 
 /// Application failure type names a workflow can match on (`ApplicationError.type` in

@@ -3,7 +3,8 @@
 use std::{sync::Arc, time::Duration};
 
 use gpulane_activities::{DeviceActivities, Limits, ModelSet};
-use gpulane_models::{Engine, EngineDevice};
+use gpulane_models::{Engine, EngineDevice, ModelKind};
+use gpulane_proto::activity;
 use temporalio_common::{telemetry::TelemetryOptions, worker::WorkerTaskTypes};
 use temporalio_sdk_core::{
     init_worker, CoreRuntime, PollerBehavior, ResourceBasedTuner, ResourceSlotOptions,
@@ -160,21 +161,29 @@ fn card_budget(
             )));
         }
     }
-    let per_task = models
-        .engines()
-        .iter()
-        .map(|e| {
-            overrides
-                .iter()
-                .find(|(n, _)| n == e.name())
-                .map_or_else(|| e.info().working_bytes(DTYPE_BYTES), |(_, b)| *b)
-        })
-        .max()
-        .unwrap_or(0);
+    let cost = |e: &Engine| {
+        overrides
+            .iter()
+            .find(|(n, _)| n == e.name())
+            .map_or_else(|| e.kind().working_bytes(DTYPE_BYTES), |(_, b)| *b)
+    };
+    // Each activity costs what its costliest model of the right kind costs; the model a
+    // task will use is only known once its input is read.
+    let max_cost = |want: fn(&ModelKind) -> bool| {
+        models
+            .engines()
+            .iter()
+            .filter(|e| want(e.kind()))
+            .map(cost)
+            .max()
+            .unwrap_or(0)
+    };
+    let embed_cost = max_cost(|k| matches!(k, ModelKind::Embedder(_)));
+    let rerank_cost = max_cost(|k| matches!(k, ModelKind::CrossEncoder(_)));
     let resident: u64 = models
         .engines()
         .iter()
-        .map(|e| e.info().weight_bytes(DTYPE_BYTES))
+        .map(|e| e.kind().weight_bytes(DTYPE_BYTES))
         .sum();
     let headroom = args
         .headroom_bytes(gpu.total_memory)
@@ -184,12 +193,15 @@ fn card_budget(
             "--max-concurrent-per-card must be at least 1".to_owned(),
         ));
     }
-    tracing::info!(gpu_uuid = %gpu.uuid, per_task_bytes = per_task, resident_bytes = resident,
-        headroom_bytes = headroom, cap = args.max_concurrent_per_card, "card admission budget");
-    let estimates = DeviceActivities::activity_types()
-        .into_iter()
-        .map(|a| (a.to_owned(), per_task))
-        .collect();
+    tracing::info!(gpu_uuid = %gpu.uuid, embed_bytes = embed_cost, rerank_bytes = rerank_cost,
+        resident_bytes = resident, headroom_bytes = headroom, cap = args.max_concurrent_per_card,
+        "card admission budget");
+    let estimates = [
+        (activity::EMBED.to_owned(), embed_cost),
+        (activity::RERANK.to_owned(), rerank_cost),
+    ]
+    .into_iter()
+    .collect();
     Ok(CardBudget::new(
         &gpu.uuid,
         gpu.total_memory,
@@ -260,10 +272,17 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
                     device: p.label().to_owned(),
                     source: Box::new(source),
                 })?;
-            let info = engine.info();
-            tracing::info!(model = %m.name, path = %m.path.display(), device = p.label(),
-                architecture = %info.architecture, pooling = info.pooling.as_str(),
-                max_seq_length = info.max_seq_length, dimensions = info.dimensions, "model loaded");
+            match engine.kind() {
+                ModelKind::Embedder(info) => tracing::info!(model = %m.name,
+                    path = %m.path.display(), device = p.label(), kind = "embedder",
+                    architecture = %info.architecture, pooling = info.pooling.as_str(),
+                    max_seq_length = info.max_seq_length, dimensions = info.dimensions,
+                    "model loaded"),
+                ModelKind::CrossEncoder(info) => tracing::info!(model = %m.name,
+                    path = %m.path.display(), device = p.label(), kind = "cross-encoder",
+                    architecture = %info.architecture, max_length = info.max_length,
+                    "model loaded"),
+            }
             engines.push(engine);
         }
         let acts = DeviceActivities::new(

@@ -67,4 +67,24 @@ class BadThenGood:
         return {"error": error, "good": result}
 
 
-ALL = [EmbedOn, PinnedPair, BadThenGood]
+@workflow.defn
+class Try:
+    """Runs any activity once (retrying only what is retryable) and reports its result or
+    its typed failure instead of failing the workflow."""
+
+    @workflow.run
+    async def run(self, activity: str, queue: str, payload: Any) -> dict:
+        try:
+            out = await workflow.execute_activity(
+                activity, payload, task_queue=queue, start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=0),
+            )
+            return {"ok": out}
+        except ActivityError as e:
+            cause = e.cause
+            assert isinstance(cause, ApplicationError), repr(cause)
+            return {"error": {"type": cause.type, "message": cause.message,
+                              "non_retryable": cause.non_retryable}}
+
+
+ALL = [EmbedOn, PinnedPair, BadThenGood, Try]

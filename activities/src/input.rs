@@ -1,0 +1,127 @@
+//! Checks shared by every activity's input: JSON shape, field types and the limits, each
+//! failure naming the field, what was found, the limit and the fix.
+
+use serde_json::{Map, Value};
+
+use crate::{ActivityError, Limits};
+
+pub(crate) fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+pub(crate) fn invalid(msg: String) -> ActivityError {
+    ActivityError::InvalidInput(msg)
+}
+
+pub(crate) fn opt_bool(
+    obj: &Map<String, Value>,
+    field: &str,
+) -> Result<Option<bool>, ActivityError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(invalid(format!(
+            "field \"{field}\" must be true or false, got {}",
+            kind(other)
+        ))),
+    }
+}
+
+/// Parses `input` as a JSON object with only `fields`; `shape` shows the caller what to send.
+pub(crate) fn object(
+    input: &[u8],
+    fields: &[&str],
+    shape: &str,
+) -> Result<Map<String, Value>, ActivityError> {
+    let value: Value = serde_json::from_slice(input).map_err(|e| {
+        invalid(format!(
+            "input is not valid JSON ({e}); pass an object like {shape}"
+        ))
+    })?;
+    let Value::Object(obj) = value else {
+        return Err(invalid(format!(
+            "input must be a JSON object like {shape}, got {}",
+            kind(&value)
+        )));
+    };
+    if let Some(unknown) = obj.keys().find(|k| !fields.contains(&k.as_str())) {
+        return Err(invalid(format!(
+            "unknown field \"{unknown}\"; this activity takes {fields:?}"
+        )));
+    }
+    Ok(obj)
+}
+
+/// An optional string field (e.g. a model name).
+pub(crate) fn opt_string(
+    obj: &Map<String, Value>,
+    field: &str,
+) -> Result<Option<String>, ActivityError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(invalid(format!(
+            "field \"{field}\" must be a string, got {}",
+            kind(other)
+        ))),
+    }
+}
+
+/// A non-empty array of strings within the count, per-text and total character limits.
+pub(crate) fn strings(
+    field: &str,
+    v: &Value,
+    limits: &Limits,
+) -> Result<Vec<String>, ActivityError> {
+    let Value::Array(items) = v else {
+        return Err(invalid(format!(
+            "field \"{field}\" must be an array of strings, got {}",
+            kind(v)
+        )));
+    };
+    if items.is_empty() {
+        return Err(invalid(format!(
+            "field \"{field}\" is empty: pass at least one text"
+        )));
+    }
+    if items.len() > limits.max_texts {
+        return Err(invalid(format!(
+            "field \"{field}\" has {} texts, over the limit of {} per call: split them across several calls",
+            items.len(),
+            limits.max_texts
+        )));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    let mut total = 0usize;
+    for (i, t) in items.iter().enumerate() {
+        let Value::String(s) = t else {
+            return Err(invalid(format!(
+                "{field}[{i}] must be a string, got {}",
+                kind(t)
+            )));
+        };
+        let chars = s.chars().count();
+        if chars > limits.max_text_chars {
+            return Err(invalid(format!(
+                "{field}[{i}] has {chars} characters, over the limit of {} per text: split or shorten it",
+                limits.max_text_chars
+            )));
+        }
+        total += chars;
+        out.push(s.clone());
+    }
+    if total > limits.max_total_chars {
+        return Err(invalid(format!(
+            "field \"{field}\" has {total} characters in all, over the limit of {} per call: split them across several calls",
+            limits.max_total_chars
+        )));
+    }
+    Ok(out)
+}

@@ -1,0 +1,75 @@
+"""`rerank`, and one worker serving several named models, through a real dev server."""
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+from conftest import FIXTURES, cosine_and_max_abs, load_reference, workflow_env
+
+
+def call(address, activity, queue, payload):
+    async def go():
+        async with workflow_env(address) as (client, wf_queue):
+            return await client.execute_workflow(
+                "Try", args=[activity, queue, payload], id=f"try-{uuid.uuid4()}",
+                task_queue=wf_queue, execution_timeout=timedelta(seconds=120),
+            )
+
+    return asyncio.run(go())
+
+
+def test_four_named_models_serve_embed_and_rerank_by_name(temporal_address, gpulane):
+    gpulane(
+        "--gpus", "none",
+        "--model", f"bert-cls={FIXTURES / 'tiny-bert-cls'}",
+        "--model", f"xlmr-mean={FIXTURES / 'tiny-xlmr-mean'}",
+        "--model", f"bert-rerank={FIXTURES / 'tiny-cross-encoder'}",
+        "--model", f"xlmr-rerank={FIXTURES / 'tiny-xlmr-cross-encoder'}",
+    )
+    for model, fixture in [("bert-cls", "tiny-bert-cls"), ("xlmr-mean", "tiny-xlmr-mean")]:
+        ref = load_reference(fixture)
+        out = call(temporal_address, "embed", "cpu-tools", {"texts": ref["texts"], "model": model})["ok"]
+        assert out["model"] == model
+        for i, (got, want) in enumerate(zip(out["embeddings"], ref["embeddings"])):
+            cos, max_abs = cosine_and_max_abs(got, want)
+            assert cos >= 0.9999 and max_abs <= 1e-4, (model, i, cos, max_abs)
+
+    # Without "model", embed takes the first embedder and rerank the first cross-encoder.
+    assert call(temporal_address, "embed", "cpu-tools", {"texts": ["x"]})["ok"]["model"] == "bert-cls"
+
+    for model, fixture in [("bert-rerank", "tiny-cross-encoder"), ("xlmr-rerank", "tiny-xlmr-cross-encoder")]:
+        for case in load_reference(fixture)["cases"]:
+            docs = case["documents"]
+            payload = {"query": case["query"], "documents": docs, "model": model, "return_documents": True}
+            out = call(temporal_address, "rerank", "cpu-tools", payload)["ok"]
+            assert out["model"] == model and out["device"]["kind"] == "cpu"
+            scores = [r["score"] for r in out["results"]]
+            assert scores == sorted(scores, reverse=True), "highest first"
+            for r in out["results"]:
+                assert abs(r["score"] - case["scores"][r["index"]]) <= 1e-4, (model, r)
+                assert r["document"] == docs[r["index"]]
+            raw = call(temporal_address, "rerank", "cpu-tools", {**payload, "raw_scores": True, "top_n": 1})["ok"]
+            assert len(raw["results"]) == 1
+            best = raw["results"][0]
+            assert abs(best["score"] - max(case["raw_scores"])) <= 1e-4, (model, best)
+            assert best["index"] == case["raw_scores"].index(max(case["raw_scores"]))
+
+    default = call(temporal_address, "rerank", "cpu-tools", {"query": "q", "documents": ["d"]})["ok"]
+    assert default["model"] == "bert-rerank"
+
+
+def test_unknown_or_wrong_kind_model_is_refused_with_the_served_names(temporal_address, gpulane):
+    gpulane(
+        "--gpus", "none",
+        "--model", f"bert-cls={FIXTURES / 'tiny-bert-cls'}",
+        "--model", f"bert-rerank={FIXTURES / 'tiny-cross-encoder'}",
+    )
+    err = call(temporal_address, "rerank", "cpu-tools", {"query": "q", "documents": ["d"], "model": "nope"})["error"]
+    assert err["type"] == "UnknownModel" and err["non_retryable"], err
+    assert "bert-cls" in err["message"] and "bert-rerank" in err["message"], err
+    err = call(temporal_address, "rerank", "cpu-tools", {"query": "q", "documents": ["d"], "model": "bert-cls"})["error"]
+    assert err["type"] == "InvalidInput" and "cross-encoder" in err["message"] and "bert-rerank" in err["message"], err
+    err = call(temporal_address, "rerank", "cpu-tools", {"query": "q", "documents": [], "model": "bert-rerank"})["error"]
+    assert err["type"] == "InvalidInput" and '"documents" is empty' in err["message"], err
+    # The worker still serves.
+    assert call(temporal_address, "rerank", "cpu-tools", {"query": "q", "documents": ["d"]})["ok"]["results"]
