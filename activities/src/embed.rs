@@ -9,9 +9,17 @@ use crate::{
     ActivityError, Limits,
 };
 
-const FIELDS: &[&str] = &["texts", "model", "normalize", "truncate"];
-const SHAPE: &str =
-    r#"{"texts": ["..."], "model"?: string, "normalize"?: bool, "truncate"?: bool}"#;
+const FIELDS: &[&str] = &[
+    "texts",
+    "model",
+    "normalize",
+    "truncate",
+    "dimensions",
+    "prompt",
+    "prompt_name",
+    "encoding",
+];
+const SHAPE: &str = r#"{"texts": ["..."], "model"?: string, "normalize"?: bool, "truncate"?: bool, "dimensions"?: int, "prompt"?: string, "prompt_name"?: string, "encoding"?: "float"|"base64"}"#;
 
 /// Parses and checks an `embed` input against `limits`.
 pub(crate) fn parse_embed(input: &[u8], limits: &Limits) -> Result<EmbedRequest, ActivityError> {
@@ -30,11 +38,41 @@ pub(crate) fn parse_embed(input: &[u8], limits: &Limits) -> Result<EmbedRequest,
             }
         };
     let model = opt_string(&obj, "model")?;
+    let dimensions = match obj.get("dimensions") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Some(n as usize),
+            _ => {
+                return Err(invalid(format!(
+                    "field \"dimensions\" must be a positive integer, got {v}; omit it for the model's full width"
+                )))
+            }
+        },
+    };
+    let encoding = opt_string(&obj, "encoding")?;
+    if let Some(e) = &encoding {
+        if e != "float" && e != "base64" {
+            return Err(invalid(format!(
+                "field \"encoding\" is {e:?}; use \"float\" (default) or \"base64\" (little-endian float32)"
+            )));
+        }
+    }
+    let prompt = opt_string(&obj, "prompt")?;
+    let prompt_name = opt_string(&obj, "prompt_name")?;
+    if prompt.is_some() && prompt_name.is_some() {
+        return Err(invalid(
+            "fields \"prompt\" and \"prompt_name\" exclude each other: pass one".to_owned(),
+        ));
+    }
     Ok(EmbedRequest {
         texts,
         model,
         normalize: opt_bool(&obj, "normalize")?,
         truncate: opt_bool(&obj, "truncate")?,
+        dimensions,
+        prompt,
+        prompt_name,
+        encoding,
     })
 }
 
@@ -47,6 +85,7 @@ mod tests {
             max_texts: 3,
             max_text_chars: 10,
             max_total_chars: 15,
+            ..Limits::default()
         };
         match parse_embed(input.as_bytes(), &limits) {
             Err(ActivityError::InvalidInput(m)) => m,
@@ -82,6 +121,13 @@ mod tests {
         assert!(err(r#"{"texts": ["a", 3]}"#).contains("texts[1] must be a string, got a number"));
         assert!(err(r#"{"texts": ["a"], "text": 1}"#).contains("unknown field \"text\""));
         assert!(err(r#"{"texts": ["a"], "model": 5}"#).contains("\"model\" must be"));
+        assert!(err(r#"{"texts": ["a"], "dimensions": 0}"#)
+            .contains("\"dimensions\" must be a positive integer"));
+        assert!(err(r#"{"texts": ["a"], "encoding": "hex"}"#).contains("\"base64\""));
+        assert!(
+            err(r#"{"texts": ["a"], "prompt": "q: ", "prompt_name": "query"}"#)
+                .contains("exclude each other")
+        );
         assert!(err(r#"{"texts": ["a"], "normalize": "yes"}"#)
             .contains("\"normalize\" must be true or false"));
     }
@@ -111,6 +157,7 @@ mod tests {
             max_texts: 3,
             max_text_chars: 3,
             max_total_chars: 10,
+            ..Limits::default()
         };
         assert!(parse_embed("{\"texts\": [\"ééé\"]}".as_bytes(), &limits).is_ok());
     }

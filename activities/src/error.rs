@@ -18,6 +18,17 @@ pub enum ActivityError {
         /// The names this worker serves.
         known: Vec<String>,
     },
+    /// The result would be over Temporal's payload limit. Not retryable: the same call
+    /// gives the same size.
+    #[error("the result is {size} bytes of JSON, over the limit of {limit} (Temporal refuses larger payloads): {fix}")]
+    ResultTooLarge {
+        /// The result's size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+        /// How to make it smaller.
+        fix: &'static str,
+    },
     /// The activity type is not one gpulane serves. Not retryable.
     #[error("unknown activity type {name:?}: gpulane serves {known:?}")]
     UnknownActivity {
@@ -60,6 +71,7 @@ impl ActivityError {
             ActivityError::InvalidInput(_) => failure::INVALID_INPUT,
             ActivityError::UnknownModel { .. } => failure::UNKNOWN_MODEL,
             ActivityError::UnknownActivity { .. } => failure::UNKNOWN_ACTIVITY,
+            ActivityError::ResultTooLarge { .. } => failure::RESULT_TOO_LARGE,
             ActivityError::Model(ModelError::TextTooLong { .. }) => failure::TEXT_TOO_LONG,
             ActivityError::Model(ModelError::OutOfMemory(_)) => failure::GPU_OUT_OF_MEMORY,
             ActivityError::Model(_) => failure::MODEL_FAILURE,

@@ -8,6 +8,9 @@ pub struct Limits {
     pub max_text_chars: usize,
     /// Most characters over all texts of one call.
     pub max_total_chars: usize,
+    /// Largest result in bytes of JSON. Temporal refuses payloads over 2 MB by default
+    /// (and retries such a completion forever), so gpulane checks before returning.
+    pub max_result_bytes: usize,
 }
 
 impl Default for Limits {
@@ -16,6 +19,7 @@ impl Default for Limits {
             max_texts: 1024,
             max_text_chars: 100_000,
             max_total_chars: 1_000_000,
+            max_result_bytes: 2_000_000,
         }
     }
 }

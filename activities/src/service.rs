@@ -1,9 +1,10 @@
 use std::sync::Arc;
 
+use base64::Engine as _;
 use gpulane_models::{EmbedOptions, Engine, ModelKind};
 use gpulane_proto::{
-    activity, DeviceInfo, EmbedRequest, EmbedResponse, RerankRequest, RerankResponse, RerankResult,
-    Usage,
+    activity, DeviceInfo, EmbedRequest, EmbedResponse, EmbeddingsOut, RerankRequest,
+    RerankResponse, RerankResult, Usage,
 };
 
 use crate::{embed::parse_embed, rerank::parse_rerank, ActivityError, Limits};
@@ -143,18 +144,34 @@ impl DeviceActivities {
             activity::EMBED => {
                 let req = parse_embed(input, &self.inner.limits)?;
                 let out = self.embed(req).await?;
-                Ok(serde_json::to_vec(&out).expect("embed response serializes; this is a bug"))
+                let json =
+                    serde_json::to_vec(&out).expect("embed response serializes; this is a bug");
+                self.check_size(json, "send fewer texts per call, ask for \"encoding\": \"base64\" (about 3x smaller), or fewer \"dimensions\"")
             }
             activity::RERANK => {
                 let req = parse_rerank(input, &self.inner.limits)?;
                 let out = self.rerank(req).await?;
-                Ok(serde_json::to_vec(&out).expect("rerank response serializes; this is a bug"))
+                let json =
+                    serde_json::to_vec(&out).expect("rerank response serializes; this is a bug");
+                self.check_size(json, "send fewer documents per call, set \"top_n\", or leave \"return_documents\" off")
             }
             other => Err(ActivityError::UnknownActivity {
                 name: other.to_owned(),
                 known: Self::activity_types(),
             }),
         }
+    }
+
+    fn check_size(&self, json: Vec<u8>, fix: &'static str) -> Result<Vec<u8>, ActivityError> {
+        let limit = self.inner.limits.max_result_bytes;
+        if json.len() > limit {
+            return Err(ActivityError::ResultTooLarge {
+                size: json.len(),
+                limit,
+                fix,
+            });
+        }
+        Ok(json)
     }
 
     /// The `embed` activity on an already-validated request.
@@ -166,15 +183,63 @@ impl DeviceActivities {
         let ModelKind::Embedder(info) = engine.kind() else {
             unreachable!("get() returned a non-embedder for Need::Embedder; this is a bug")
         };
-        let dimensions = info.dimensions;
+        let full = info.dimensions;
+        let dimensions = match req.dimensions {
+            Some(d) if d > full => {
+                return Err(ActivityError::InvalidInput(format!(
+                    "field \"dimensions\" is {d}, over the model's {full}: pass at most {full} or omit it"
+                )))
+            }
+            Some(d) => d,
+            None => full,
+        };
+        let prefix = match (&req.prompt, &req.prompt_name) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(name)) => Some(info.prompts.get(name).cloned().ok_or_else(|| {
+                ActivityError::InvalidInput(format!(
+                    "field \"prompt_name\" is {name:?}; this model's prompts are {:?} (config_sentence_transformers.json); or pass \"prompt\" text",
+                    info.prompts.keys().collect::<Vec<_>>()
+                ))
+            })?),
+            (None, None) => None,
+        };
+        let texts = match prefix {
+            Some(p) => req.texts.into_iter().map(|t| format!("{p}{t}")).collect(),
+            None => req.texts,
+        };
+        let normalize = req.normalize.unwrap_or(info.normalize);
         let opts = EmbedOptions {
-            normalize: req.normalize,
+            normalize: Some(normalize),
             truncate: req.truncate.unwrap_or(true),
         };
-        let out = engine.embed(req.texts, opts).await?;
+        let out = engine.embed(texts, opts).await?;
+        let mut vectors = out.vectors;
+        if dimensions < full {
+            for v in &mut vectors {
+                v.truncate(dimensions);
+                // A Matryoshka prefix of a unit vector is not unit: re-normalize.
+                if normalize {
+                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+                    v.iter_mut().for_each(|x| *x /= norm);
+                }
+            }
+        }
+        let embeddings = if req.encoding.as_deref() == Some("base64") {
+            EmbeddingsOut::Base64(
+                vectors
+                    .iter()
+                    .map(|v| {
+                        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                        base64::engine::general_purpose::STANDARD.encode(bytes)
+                    })
+                    .collect(),
+            )
+        } else {
+            EmbeddingsOut::Float(vectors)
+        };
         Ok(EmbedResponse {
             dimensions,
-            embeddings: out.vectors,
+            embeddings,
             model: engine.name().to_owned(),
             device: self.inner.device.clone(),
             host_task_queue: self.inner.host_task_queue.clone(),

@@ -40,6 +40,9 @@ pub struct ModelInfo {
     pub intermediate_size: usize,
     /// Floating-point parameters in model.safetensors.
     pub parameters: u64,
+    /// Named prompts from config_sentence_transformers.json (e.g. e5's
+    /// `{"query": "query: ", "passage": "passage: "}`), empty when it has none.
+    pub prompts: std::collections::BTreeMap<String, String>,
 }
 
 /// Rows one forward pass may hold. Batches are length-sorted, so short texts share a
@@ -259,8 +262,20 @@ impl SentenceTransformerDir {
             num_heads: dim("num_attention_heads")?,
             intermediate_size: dim("intermediate_size")?,
             parameters: count_parameters(&path.join("model.safetensors"))?,
+            prompts: Default::default(),
         };
         let pad_id = config["pad_token_id"].as_u64().unwrap_or(0) as u32;
+        let st_config = path.join("config_sentence_transformers.json");
+        let mut info = info;
+        if st_config.is_file() {
+            let v: serde_json::Value = read_json(&st_config)?;
+            if let Some(p) = v["prompts"].as_object() {
+                info.prompts = p
+                    .iter()
+                    .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_owned())))
+                    .collect();
+            }
+        }
         Ok(Self {
             path: path.to_owned(),
             info,

@@ -18,6 +18,30 @@ pub struct EmbedRequest {
     /// call with `TextTooLong`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncate: Option<bool>,
+    /// Keep only the first `dimensions` values of each vector (Matryoshka models), then
+    /// re-normalize when the output is normalized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<usize>,
+    /// Text put before every input, e.g. e5's `"query: "`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// A prompt by name from the model's config_sentence_transformers.json `prompts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_name: Option<String>,
+    /// `float` (default): arrays of numbers; `base64`: each vector as base64 of
+    /// little-endian float32 bytes, about 3x smaller in JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
+}
+
+/// The vectors of an `embed` result, in the requested encoding.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingsOut {
+    /// Arrays of numbers.
+    Float(Vec<Vec<f32>>),
+    /// Base64 of little-endian float32 bytes, one string per vector.
+    Base64(Vec<String>),
 }
 
 /// Whether the device that served a call is a GPU or the CPU.
@@ -58,7 +82,7 @@ pub struct Usage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmbedResponse {
     /// One vector per input text, in input order.
-    pub embeddings: Vec<Vec<f32>>,
+    pub embeddings: EmbeddingsOut,
     /// The model name that served the call.
     pub model: String,
     /// Width of each vector.

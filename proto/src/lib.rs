@@ -10,7 +10,7 @@ mod names;
 mod rerank;
 
 pub use crate::{
-    embed::{DeviceInfo, DeviceKind, EmbedRequest, EmbedResponse, Usage},
+    embed::{DeviceInfo, DeviceKind, EmbedRequest, EmbedResponse, EmbeddingsOut, Usage},
     names::{
         activity, cpu_host_queue, failure, gpu_card_queue, sanitize_host, CPU_TOOLS, GPU_TOOLS,
         QUEUE_PREFIX_SEPARATOR,

@@ -25,6 +25,9 @@ pub mod failure {
     pub const UNKNOWN_MODEL: &str = "UnknownModel";
     /// A text is longer than the model allows and `truncate` is false. Never retried.
     pub const TEXT_TOO_LONG: &str = "TextTooLong";
+    /// The result would exceed Temporal's payload limit. Never retried: the same call
+    /// produces the same size; the message says how to make it smaller.
+    pub const RESULT_TOO_LARGE: &str = "ResultTooLarge";
     /// An activity type this worker does not serve. Never retried.
     pub const UNKNOWN_ACTIVITY: &str = "UnknownActivity";
     /// The card ran out of memory during the task. Retried by Temporal's policy; the

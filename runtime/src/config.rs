@@ -207,6 +207,11 @@ pub struct RunArgs {
     #[arg(long, env = "GPULANE_MAX_TOTAL_CHARS", default_value_t = 1_000_000)]
     pub max_total_chars: usize,
 
+    /// Largest activity result in bytes of JSON; Temporal refuses payloads over 2 MB by
+    /// default. Raise it only if your server's blob size limit is higher.
+    #[arg(long, env = "GPULANE_MAX_RESULT_BYTES", default_value_t = 2_000_000)]
+    pub max_result_bytes: usize,
+
     /// Seconds to let running activities finish after a stop signal.
     #[arg(long, env = "GPULANE_GRACEFUL_SHUTDOWN_SECS", default_value_t = 30)]
     pub graceful_shutdown_secs: u64,

@@ -239,6 +239,7 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
         max_texts: args.max_texts,
         max_text_chars: args.max_text_chars,
         max_total_chars: args.max_total_chars,
+        max_result_bytes: args.max_result_bytes,
     };
 
     let metrics = Arc::new(Metrics::default());
