@@ -12,7 +12,7 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStr
 
 use crate::{
     backbone::{xlmr_config, Family},
-    st_dir::{count_parameters, read_json, working_bytes, MAX_BATCH_ROWS},
+    st_dir::{count_parameters, default_batch_tokens, read_json, working_bytes, MAX_BATCH_ROWS},
     ModelError,
 };
 
@@ -39,6 +39,7 @@ impl CrossEncoderInfo {
     /// [`crate::ModelInfo::working_bytes`].
     pub fn working_bytes(&self, dtype_bytes: u64) -> u64 {
         working_bytes(
+            default_batch_tokens(self.max_length),
             self.max_length,
             self.hidden_size,
             self.intermediate_size,

@@ -104,6 +104,11 @@ impl Embedder {
         })
     }
 
+    /// Sets the most padded tokens per forward pass (at least one full-length text).
+    pub fn set_batch_tokens(&mut self, tokens: usize) {
+        self.info.batch_tokens = tokens.max(self.info.max_seq_length);
+    }
+
     /// The model's description.
     pub fn info(&self) -> &ModelInfo {
         &self.info

@@ -17,6 +17,24 @@ pub enum EngineDevice {
     Cuda(usize),
 }
 
+/// How an engine loads its model.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOptions {
+    /// Weights and activations dtype (f32 on CPU; f16 / bf16 on CUDA).
+    pub dtype: DType,
+    /// Embedders: most padded tokens per forward pass; `None` keeps the default.
+    pub batch_tokens: Option<usize>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            dtype: DType::F32,
+            batch_tokens: None,
+        }
+    }
+}
+
 /// What an engine serves, and its description.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelKind {
@@ -97,17 +115,25 @@ fn is_cross_encoder(dir: &Path) -> Result<bool, ModelError> {
 impl Engine {
     /// Loads the model in `dir` on `device` and starts its thread. Loading happens before
     /// this returns, so a model that cannot load is reported at start.
-    pub fn start(name: &str, dir: &Path, device: &EngineDevice) -> Result<Self, ModelError> {
+    pub fn start(
+        name: &str,
+        dir: &Path,
+        device: &EngineDevice,
+        opts: EngineOptions,
+    ) -> Result<Self, ModelError> {
         let device = match device {
             EngineDevice::Cpu => Device::Cpu,
             EngineDevice::Cuda(ordinal) => Device::new_cuda(*ordinal)?,
         };
         let (model, kind) = if is_cross_encoder(dir)? {
-            let m = CrossEncoder::load(dir, &device, DType::F32)?;
+            let m = CrossEncoder::load(dir, &device, opts.dtype)?;
             let kind = ModelKind::CrossEncoder(m.info().clone());
             (Loaded::CrossEncoder(Box::new(m)), kind)
         } else {
-            let m = Embedder::load(dir, &device, DType::F32)?;
+            let mut m = Embedder::load(dir, &device, opts.dtype)?;
+            if let Some(t) = opts.batch_tokens {
+                m.set_batch_tokens(t);
+            }
             let kind = ModelKind::Embedder(m.info().clone());
             (Loaded::Embedder(Box::new(m)), kind)
         };

@@ -16,11 +16,11 @@ mod st_dir;
 pub use crate::{
     cross_encoder::{CrossEncoder, CrossEncoderInfo, Scores},
     embedder::{EmbedOptions, Embedder, Embeddings},
-    engine::{Engine, EngineDevice, ModelKind},
+    engine::{Engine, EngineDevice, EngineOptions, ModelKind},
     error::ModelError,
     pooling::Pooling,
     st_dir::{ModelInfo, SentenceTransformerDir},
 };
 
-/// Re-exported so callers can name a device without depending on candle directly.
-pub use candle_core::Device;
+/// Re-exported so callers can name a device and dtype without depending on candle.
+pub use candle_core::{DType, Device};

@@ -40,6 +40,8 @@ pub struct ModelInfo {
     pub intermediate_size: usize,
     /// Floating-point parameters in model.safetensors.
     pub parameters: u64,
+    /// Most padded tokens in one forward pass (rows × longest row); bounds working memory.
+    pub batch_tokens: usize,
     /// Named prompts from config_sentence_transformers.json (e.g. e5's
     /// `{"query": "query: ", "passage": "passage: "}`), empty when it has none.
     pub prompts: std::collections::BTreeMap<String, String>,
@@ -52,10 +54,15 @@ pub(crate) const MAX_BATCH_ROWS: usize = 32;
 /// memory whatever the request looks like.
 pub(crate) const MAX_BATCH_TOKENS: usize = 16_384;
 
+/// The default token budget of one forward pass for inputs up to `max_len` tokens.
+pub(crate) fn default_batch_tokens(max_len: usize) -> usize {
+    MAX_BATCH_TOKENS.min(MAX_BATCH_ROWS * max_len)
+}
+
 impl ModelInfo {
     /// Most padded tokens in one forward pass of this model.
     pub fn max_batch_tokens(&self) -> usize {
-        MAX_BATCH_TOKENS.min(MAX_BATCH_ROWS * self.max_seq_length)
+        self.batch_tokens
     }
 
     /// Bytes the weights occupy on a device at `dtype_bytes` per parameter. Resident once
@@ -73,6 +80,7 @@ impl ModelInfo {
     /// explains the terms; `--vram-cost` overrides it per model.
     pub fn working_bytes(&self, dtype_bytes: u64) -> u64 {
         working_bytes(
+            self.batch_tokens,
             self.max_seq_length,
             self.dimensions,
             self.intermediate_size,
@@ -85,13 +93,14 @@ impl ModelInfo {
 /// The per-task working-memory formula of [`ModelInfo::working_bytes`], shared by every
 /// encoder kind.
 pub(crate) fn working_bytes(
+    batch_tokens: usize,
     max_len: usize,
     hidden: usize,
     inter: usize,
     heads: usize,
     b: u64,
 ) -> u64 {
-    let t = MAX_BATCH_TOKENS.min(MAX_BATCH_ROWS * max_len) as u64;
+    let t = batch_tokens as u64;
     let (l, h, i, a) = (max_len as u64, hidden as u64, inter as u64, heads as u64);
     b * (t * (4 * h + 2 * i) + 2 * a * t * l)
 }
@@ -263,6 +272,7 @@ impl SentenceTransformerDir {
             intermediate_size: dim("intermediate_size")?,
             parameters: count_parameters(&path.join("model.safetensors"))?,
             prompts: Default::default(),
+            batch_tokens: default_batch_tokens(max_seq_length),
         };
         let pad_id = config["pad_token_id"].as_u64().unwrap_or(0) as u32;
         let st_config = path.join("config_sentence_transformers.json");

@@ -22,6 +22,32 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print the device inventory and the exact task queue names this host would serve.
     Devices(DeviceArgs),
+    /// Load every declared model on the CPU and list what would be served.
+    Models(ModelArgs),
+}
+
+/// Which models to serve; shared by `run` and `models`.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// A model to serve, as SOURCE or NAME=SOURCE, where SOURCE is a directory or a
+    /// Hugging Face repo id (org/name) from the local cache or downloaded (repeatable; the
+    /// first embedder and the first cross-encoder are the defaults; NAME defaults to the
+    /// last path segment).
+    #[arg(long = "model", env = "GPULANE_MODEL", value_delimiter = ',')]
+    pub models: Vec<String>,
+
+    /// A TOML file of [[model]] tables (name, source, dtype, lanes, max_batch_tokens,
+    /// vram_cost), served after the --model ones.
+    #[arg(long, env = "GPULANE_MODELS_FILE")]
+    pub models_file: Option<PathBuf>,
+
+    /// Hugging Face home; its hub/ folder is the model cache (default ~/.cache/huggingface).
+    #[arg(long, env = "HF_HOME")]
+    pub hf_home: Option<PathBuf>,
+
+    /// Never download: use only directories and the local cache.
+    #[arg(long, env = "HF_HUB_OFFLINE", value_parser = clap::builder::FalseyValueParser::new())]
+    pub hf_offline: bool,
 }
 
 /// An API key that never prints.
@@ -114,7 +140,7 @@ pub struct RunArgs {
     pub api_key: Option<Secret>,
 
     /// Use TLS with the system's roots (implied by the other TLS flags and an API key).
-    #[arg(long, env = "TEMPORAL_TLS")]
+    #[arg(long, env = "TEMPORAL_TLS", value_parser = clap::builder::FalseyValueParser::new())]
     pub tls: bool,
 
     /// PEM file of the CA that signed the server's certificate.
@@ -146,15 +172,9 @@ pub struct RunArgs {
     #[arg(long, env = "GPULANE_IDENTITY")]
     pub identity: Option<String>,
 
-    /// A sentence-transformers model directory to serve, as PATH or NAME=PATH
-    /// (repeatable; the first is the default embedder; NAME defaults to the folder name).
-    #[arg(
-        long = "model",
-        env = "GPULANE_MODEL",
-        value_delimiter = ',',
-        required = true
-    )]
-    pub models: Vec<String>,
+    /// The models to serve.
+    #[command(flatten)]
+    pub models: ModelArgs,
 
     /// Most activities running (or polls waiting) at once on one card, over all its lanes.
     #[arg(long, env = "GPULANE_MAX_CONCURRENT_PER_CARD", default_value_t = 8)]
@@ -217,32 +237,6 @@ pub struct RunArgs {
     pub graceful_shutdown_secs: u64,
 }
 
-/// A model the worker serves: its name and directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ModelSpec {
-    pub name: String,
-    pub path: PathBuf,
-}
-
-/// Parses `PATH` or `NAME=PATH`.
-pub(crate) fn parse_model_spec(s: &str) -> Result<ModelSpec, String> {
-    let (name, path) = match s.split_once('=') {
-        Some((n, p)) if !n.is_empty() && !n.contains('/') => (Some(n.to_owned()), PathBuf::from(p)),
-        _ => (None, PathBuf::from(s)),
-    };
-    let name = match name {
-        Some(n) => n,
-        None => path
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .filter(|f| !f.is_empty())
-            .ok_or_else(|| {
-                format!("--model {s:?}: cannot name a model after this path; use NAME=PATH")
-            })?,
-    };
-    Ok(ModelSpec { name, path })
-}
-
 /// Which cards `--gpus` selects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum GpuSelection {
@@ -263,23 +257,6 @@ impl DeviceArgs {
 }
 
 impl RunArgs {
-    pub(crate) fn model_specs(&self) -> Result<Vec<ModelSpec>, String> {
-        let specs: Vec<ModelSpec> = self
-            .models
-            .iter()
-            .map(|m| parse_model_spec(m))
-            .collect::<Result<_, _>>()?;
-        for (i, s) in specs.iter().enumerate() {
-            if specs[..i].iter().any(|o| o.name == s.name) {
-                return Err(format!(
-                    "two models are named {:?}: give each --model a distinct NAME=PATH",
-                    s.name
-                ));
-            }
-        }
-        Ok(specs)
-    }
-
     /// The headroom in bytes on a card of `total` bytes.
     pub(crate) fn headroom_bytes(&self, total: u64) -> Result<u64, String> {
         let v = self.vram_headroom.trim();
@@ -323,22 +300,6 @@ impl RunArgs {
 mod tests {
     use super::*;
 
-    #[test]
-    fn model_specs_take_a_name_or_the_folder() {
-        assert_eq!(
-            parse_model_spec("minilm=/m/all-MiniLM").unwrap(),
-            ModelSpec {
-                name: "minilm".into(),
-                path: "/m/all-MiniLM".into()
-            }
-        );
-        assert_eq!(
-            parse_model_spec("/m/all-MiniLM/").unwrap().name,
-            "all-MiniLM"
-        );
-        assert!(parse_model_spec("/").is_err());
-    }
-
     fn run_args(extra: &[&str]) -> RunArgs {
         let mut argv = vec!["gpulane", "run", "--model", "/m"];
         argv.extend_from_slice(extra);
@@ -377,6 +338,14 @@ mod tests {
             vec![("a".into(), 1 << 30), ("b".into(), 512 << 20)]
         );
         assert!(run_args(&["--vram-cost", "nope"]).vram_costs().is_err());
+    }
+
+    #[test]
+    fn boolean_variables_take_1_and_true() {
+        std::env::set_var("HF_HUB_OFFLINE", "1");
+        let a = run_args(&[]);
+        std::env::remove_var("HF_HUB_OFFLINE");
+        assert!(a.models.hf_offline);
     }
 
     #[test]

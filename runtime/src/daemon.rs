@@ -3,7 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use gpulane_activities::{DeviceActivities, Limits, ModelSet};
-use gpulane_models::{Engine, EngineDevice, ModelKind};
+use gpulane_models::{DType, Engine, EngineDevice, EngineOptions, ModelKind};
 use gpulane_proto::activity;
 use temporalio_common::{telemetry::TelemetryOptions, worker::WorkerTaskTypes};
 use temporalio_sdk_core::{
@@ -14,13 +14,14 @@ use temporalio_sdk_core::{
 
 use crate::{
     admission::{refresh, BudgetOptions, CardBudget},
-    config::{Cli, Command, DeviceArgs, RunArgs},
+    config::{Cli, Command, DeviceArgs, ModelArgs, RunArgs},
     devices::{
         parse_simulate_spec, DeviceError, DeviceInventory, GpuDevice, NvmlInventory,
         SimulatedInventory,
     },
     lanes::{plan, DevicePlan},
     metrics::{self, Metrics},
+    registry::{declarations, resolve, ModelSpec},
     worker::serve_lane,
     RuntimeError,
 };
@@ -33,7 +34,62 @@ pub async fn run_cli(cli: Cli) -> Result<(), RuntimeError> {
             print_devices(&args);
             Ok(())
         }
+        Command::Models(args) => print_models(&args).await,
     }
+}
+
+async fn resolve_models(args: &ModelArgs) -> Result<Vec<ModelSpec>, RuntimeError> {
+    let hf_home = args.hf_home.clone().unwrap_or_else(|| {
+        std::env::home_dir()
+            .unwrap_or_else(|| "/".into())
+            .join(".cache/huggingface")
+    });
+    resolve(declarations(args)?, &hf_home, args.hf_offline).await
+}
+
+/// `gpulane models`: loads each declared model on the CPU, as a worker would at start, and
+/// lists it; a model that cannot load fails the command naming the file.
+async fn print_models(args: &ModelArgs) -> Result<(), RuntimeError> {
+    for m in resolve_models(args).await? {
+        let engine = Engine::start(
+            &m.name,
+            &m.path,
+            &EngineDevice::Cpu,
+            EngineOptions::default(),
+        )
+        .map_err(|source| RuntimeError::Model {
+            name: m.name.clone(),
+            device: "cpu".to_owned(),
+            source: Box::new(source),
+        })?;
+        let lanes = match (m.on_gpu, m.on_cpu) {
+            (true, true) => "gpu,cpu",
+            (true, false) => "gpu",
+            _ => "cpu",
+        };
+        match engine.kind() {
+            ModelKind::Embedder(i) => println!(
+                "{name}  embedder  {arch}  pooling {pool}{norm}  max length {len}  dimensions {dim}  dtype {dtype:?}  lanes {lanes}  {path}",
+                name = m.name,
+                arch = i.architecture,
+                pool = i.pooling.as_str(),
+                norm = if i.normalize { "+normalize" } else { "" },
+                len = i.max_seq_length,
+                dim = i.dimensions,
+                dtype = m.dtype,
+                path = m.path.display(),
+            ),
+            ModelKind::CrossEncoder(i) => println!(
+                "{name}  cross-encoder  {arch}  max length {len}  dtype {dtype:?}  lanes {lanes}  {path}",
+                name = m.name,
+                arch = i.architecture,
+                len = i.max_length,
+                dtype = m.dtype,
+                path = m.path.display(),
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// The machine's cards when NVML is missing: none, and the reason, for the log.
@@ -148,11 +204,29 @@ fn card_budget(
     args: &RunArgs,
     gpu: &GpuDevice,
     models: &ModelSet,
+    specs: &[ModelSpec],
     metrics: Arc<Metrics>,
 ) -> Result<Arc<CardBudget>, RuntimeError> {
-    // Models run in float32 today; the CUDA build's f16 changes this to 2.
-    const DTYPE_BYTES: u64 = 4;
-    let overrides = args.vram_costs().map_err(RuntimeError::Config)?;
+    let spec = |name: &str| {
+        specs
+            .iter()
+            .find(|s| s.name == name)
+            .expect("every engine comes from a spec; this is a bug")
+    };
+    // Simulated cards compute on the CPU in f32; real cards in the model's dtype.
+    let dtype_bytes = |e: &Engine| {
+        if gpu.simulated {
+            4
+        } else {
+            spec(e.name()).dtype.size_in_bytes() as u64
+        }
+    };
+    let mut overrides = args.vram_costs().map_err(RuntimeError::Config)?;
+    overrides.extend(
+        specs
+            .iter()
+            .filter_map(|s| s.vram_cost.map(|c| (s.name.clone(), c))),
+    );
     for (name, _) in &overrides {
         if !models.names().contains(name) {
             return Err(RuntimeError::Config(format!(
@@ -165,7 +239,7 @@ fn card_budget(
         overrides
             .iter()
             .find(|(n, _)| n == e.name())
-            .map_or_else(|| e.kind().working_bytes(DTYPE_BYTES), |(_, b)| *b)
+            .map_or_else(|| e.kind().working_bytes(dtype_bytes(e)), |(_, b)| *b)
     };
     // Each activity costs what its costliest model of the right kind costs; the model a
     // task will use is only known once its input is read.
@@ -183,7 +257,7 @@ fn card_budget(
     let resident: u64 = models
         .engines()
         .iter()
-        .map(|e| e.kind().weight_bytes(DTYPE_BYTES))
+        .map(|e| e.kind().weight_bytes(dtype_bytes(e)))
         .sum();
     let headroom = args
         .headroom_bytes(gpu.total_memory)
@@ -222,7 +296,7 @@ struct Lane {
 
 async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     let host = host_name(&args.devices);
-    let models = args.model_specs().map_err(RuntimeError::Config)?;
+    let models = resolve_models(&args.models).await?;
     let inv = inventory(&args.devices)?;
     let plans = plan(
         &host,
@@ -265,14 +339,24 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     let mut devices = Vec::new();
     for p in &plans {
         let device = engine_device(p)?;
+        let on_cpu = matches!(device, EngineDevice::Cpu);
         let mut engines = Vec::new();
-        for m in &models {
-            let engine =
-                Engine::start(&m.name, &m.path, &device).map_err(|source| RuntimeError::Model {
+        for m in models
+            .iter()
+            .filter(|m| if p.gpu.is_some() { m.on_gpu } else { m.on_cpu })
+        {
+            let opts = EngineOptions {
+                // The CPU (and simulated cards) always compute in f32.
+                dtype: if on_cpu { DType::F32 } else { m.dtype },
+                batch_tokens: m.batch_tokens,
+            };
+            let engine = Engine::start(&m.name, &m.path, &device, opts).map_err(|source| {
+                RuntimeError::Model {
                     name: m.name.clone(),
                     device: p.label().to_owned(),
                     source: Box::new(source),
-                })?;
+                }
+            })?;
             match engine.kind() {
                 ModelKind::Embedder(info) => tracing::info!(model = %m.name,
                     path = %m.path.display(), device = p.label(), kind = "embedder",
@@ -286,6 +370,13 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
             }
             engines.push(engine);
         }
+        if engines.is_empty() {
+            return Err(RuntimeError::Config(format!(
+                "no declared model serves the {} lane ({}): add it to a model's lanes or turn the lane off",
+                if p.gpu.is_some() { "gpu" } else { "cpu" },
+                p.label()
+            )));
+        }
         let acts = DeviceActivities::new(
             ModelSet::new(engines),
             p.device_info(),
@@ -293,7 +384,13 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
             limits,
         );
         let budget = match &p.gpu {
-            Some(g) => Some(card_budget(&args, g, acts.models(), metrics.clone())?),
+            Some(g) => Some(card_budget(
+                &args,
+                g,
+                acts.models(),
+                &models,
+                metrics.clone(),
+            )?),
             None => None,
         };
         devices.push((p, acts, budget));

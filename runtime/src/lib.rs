@@ -12,12 +12,13 @@ mod devices;
 mod error;
 mod lanes;
 mod metrics;
+mod registry;
 mod temporal;
 mod units;
 mod worker;
 
 pub use crate::{
-    config::{Cli, Command, CpuLane, DeviceArgs, RunArgs, Secret},
+    config::{Cli, Command, CpuLane, DeviceArgs, ModelArgs, RunArgs, Secret},
     daemon::run_cli,
     devices::DeviceError,
     error::RuntimeError,

@@ -1,0 +1,330 @@
+//! The models a worker serves: declared with `--model NAME=SOURCE` and/or a TOML file
+//! (`--models-file`), each SOURCE resolved to a local directory: a path, a repo id already
+//! in the local Hugging Face cache, or a repo id downloaded with hf-hub.
+
+use std::path::{Path, PathBuf};
+
+use gpulane_models::DType;
+use serde::Deserialize;
+
+use crate::{config::ModelArgs, RuntimeError};
+
+/// Files a model directory may have; the required ones are checked when it loads.
+const MODEL_FILES: &[&str] = &[
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "model.safetensors",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+];
+
+/// One model as declared.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ModelDecl {
+    /// The name activities select it by.
+    pub name: String,
+    /// A directory, or a Hugging Face repo id (`org/name`).
+    pub source: String,
+    /// `f32` (default), `f16` or `bf16`. CPU lanes always run f32.
+    #[serde(default)]
+    pub dtype: Option<String>,
+    /// Which lanes serve it: `gpu`, `cpu` (default both).
+    #[serde(default)]
+    pub lanes: Option<Vec<String>>,
+    /// Embedders: most padded tokens per forward pass.
+    #[serde(default)]
+    pub max_batch_tokens: Option<usize>,
+    /// Per-task working memory on a card, overriding the estimate (e.g. "2GiB").
+    #[serde(default)]
+    pub vram_cost: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelsFile {
+    #[serde(default, rename = "model")]
+    models: Vec<ModelDecl>,
+}
+
+/// A model ready to load.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ModelSpec {
+    pub name: String,
+    pub source: String,
+    pub path: PathBuf,
+    pub dtype: DType,
+    pub on_gpu: bool,
+    pub on_cpu: bool,
+    pub batch_tokens: Option<usize>,
+    pub vram_cost: Option<u64>,
+}
+
+fn decl_from_flag(s: &str) -> Result<ModelDecl, RuntimeError> {
+    let (name, source) = match s.split_once('=') {
+        Some((n, p)) if !n.is_empty() && !n.contains('/') => (n.to_owned(), p.to_owned()),
+        _ => {
+            let name = Path::new(s.trim_end_matches('/'))
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .filter(|f| !f.is_empty())
+                .ok_or_else(|| {
+                    RuntimeError::Config(format!(
+                        "--model {s:?}: cannot name a model after this source; use NAME=SOURCE"
+                    ))
+                })?;
+            (name, s.to_owned())
+        }
+    };
+    Ok(ModelDecl {
+        name,
+        source,
+        dtype: None,
+        lanes: None,
+        max_batch_tokens: None,
+        vram_cost: None,
+    })
+}
+
+/// Every declared model, flags first, then the file's, in order; names must be unique.
+pub(crate) fn declarations(args: &ModelArgs) -> Result<Vec<ModelDecl>, RuntimeError> {
+    let mut decls: Vec<ModelDecl> = args
+        .models
+        .iter()
+        .map(|m| decl_from_flag(m))
+        .collect::<Result<_, _>>()?;
+    if let Some(file) = &args.models_file {
+        let text = std::fs::read_to_string(file).map_err(|source| RuntimeError::File {
+            path: file.clone(),
+            source,
+        })?;
+        let parsed: ModelsFile = toml::from_str(&text)
+            .map_err(|e| RuntimeError::Config(format!("--models-file {}: {e}", file.display())))?;
+        decls.extend(parsed.models);
+    }
+    if decls.is_empty() {
+        return Err(RuntimeError::Config(
+            "no model declared: pass --model NAME=SOURCE or --models-file FILE".to_owned(),
+        ));
+    }
+    for (i, d) in decls.iter().enumerate() {
+        if decls[..i].iter().any(|o| o.name == d.name) {
+            return Err(RuntimeError::Config(format!(
+                "two models are named {:?}: give each a distinct name",
+                d.name
+            )));
+        }
+    }
+    Ok(decls)
+}
+
+fn looks_like_repo_id(s: &str) -> bool {
+    let mut parts = s.split('/');
+    matches!((parts.next(), parts.next(), parts.next()), (Some(a), Some(b), None)
+        if !a.is_empty() && !b.is_empty() && !a.starts_with('.') && !s.starts_with('/'))
+}
+
+/// Resolves SOURCE to a directory: an existing path; else a repo id in the local cache
+/// (`<hf_home>/hub`); else, unless `offline`, a download with hf-hub into that cache.
+pub(crate) async fn resolve_source(
+    source: &str,
+    hf_home: &Path,
+    offline: bool,
+) -> Result<PathBuf, RuntimeError> {
+    let path = Path::new(source);
+    if path.is_dir() {
+        return Ok(path.to_owned());
+    }
+    if !looks_like_repo_id(source) {
+        return Err(RuntimeError::Config(format!(
+            "model source {source:?} is not a directory (nor a Hugging Face repo id like org/name)"
+        )));
+    }
+    let cache_dir = hf_home.join("hub");
+    let cached = hf_hub::Cache::new(cache_dir.clone())
+        .model(source.to_owned())
+        .get("config.json");
+    if let Some(config) = cached {
+        return Ok(config
+            .parent()
+            .expect("a cached file has a snapshot directory; this is a bug")
+            .to_owned());
+    }
+    if offline {
+        return Err(RuntimeError::Config(format!(
+            "model {source:?} is not in the Hugging Face cache at {} and downloads are off (HF_HUB_OFFLINE): download it there, or pass a directory",
+            cache_dir.display()
+        )));
+    }
+    let api = hf_hub::api::tokio::ApiBuilder::new()
+        .with_cache_dir(cache_dir.clone())
+        .with_progress(false)
+        .build()
+        .map_err(|e| RuntimeError::Config(format!("Hugging Face client: {e}")))?;
+    let repo = api.model(source.to_owned());
+    let mut dir = None;
+    for file in MODEL_FILES {
+        match repo.get(file).await {
+            Ok(p) => {
+                if *file == "config.json" {
+                    dir = p.parent().map(Path::to_owned);
+                }
+            }
+            // Optional files are simply absent; required ones fail at load, by name.
+            Err(e) if *file == "config.json" => {
+                return Err(RuntimeError::Config(format!(
+                    "downloading {source}/config.json: {e}"
+                )))
+            }
+            Err(_) => {}
+        }
+    }
+    dir.ok_or_else(|| RuntimeError::Config(format!("downloading {source}: no config.json")))
+}
+
+/// Resolves and types every declaration.
+pub(crate) async fn resolve(
+    decls: Vec<ModelDecl>,
+    hf_home: &Path,
+    offline: bool,
+) -> Result<Vec<ModelSpec>, RuntimeError> {
+    let mut out = Vec::with_capacity(decls.len());
+    for d in decls {
+        let bad = |what: String| RuntimeError::Config(format!("model {:?}: {what}", d.name));
+        let dtype = match d.dtype.as_deref().unwrap_or("f32") {
+            "f32" => DType::F32,
+            "f16" => DType::F16,
+            "bf16" => DType::BF16,
+            other => return Err(bad(format!("dtype {other:?}; use f32, f16 or bf16"))),
+        };
+        let lanes = d
+            .lanes
+            .clone()
+            .unwrap_or_else(|| vec!["gpu".into(), "cpu".into()]);
+        if let Some(l) = lanes.iter().find(|l| *l != "gpu" && *l != "cpu") {
+            return Err(bad(format!("lane {l:?}; use \"gpu\" and/or \"cpu\"")));
+        }
+        let vram_cost = d
+            .vram_cost
+            .as_deref()
+            .map(crate::units::parse_bytes)
+            .transpose()
+            .map_err(|e| bad(format!("vram_cost: {e}")))?;
+        let path = resolve_source(&d.source, hf_home, offline).await?;
+        out.push(ModelSpec {
+            path,
+            dtype,
+            on_gpu: lanes.iter().any(|l| l == "gpu"),
+            on_cpu: lanes.iter().any(|l| l == "cpu"),
+            batch_tokens: d.max_batch_tokens,
+            vram_cost,
+            name: d.name,
+            source: d.source,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/fixtures")
+            .join(name)
+    }
+
+    #[test]
+    fn flags_name_models_after_their_folder_or_explicitly() {
+        let d = decl_from_flag("minilm=/m/all-MiniLM").unwrap();
+        assert_eq!(
+            (d.name.as_str(), d.source.as_str()),
+            ("minilm", "/m/all-MiniLM")
+        );
+        assert_eq!(decl_from_flag("/m/all-MiniLM/").unwrap().name, "all-MiniLM");
+        assert_eq!(
+            decl_from_flag("BAAI/bge-small-en").unwrap().name,
+            "bge-small-en"
+        );
+        assert!(decl_from_flag("/").is_err());
+    }
+
+    #[test]
+    fn repo_ids_are_told_from_paths() {
+        assert!(looks_like_repo_id("BAAI/bge-m3"));
+        assert!(!looks_like_repo_id("/abs/path"));
+        assert!(!looks_like_repo_id("./rel"));
+        assert!(!looks_like_repo_id("a/b/c"));
+    }
+
+    #[tokio::test]
+    async fn a_repo_id_is_found_in_the_local_cache_without_network() {
+        let home = tempfile::tempdir().unwrap();
+        let repo = home.path().join("hub/models--acme--tiny");
+        let snap = repo.join("snapshots/0123abcd");
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), "0123abcd").unwrap();
+        for f in std::fs::read_dir(fixture("tiny-bert-cls"))
+            .unwrap()
+            .flatten()
+        {
+            if f.path().is_file() {
+                std::fs::copy(f.path(), snap.join(f.file_name())).unwrap();
+            }
+        }
+        let dir = resolve_source("acme/tiny", home.path(), true)
+            .await
+            .unwrap();
+        assert_eq!(dir, snap);
+        let e = resolve_source("acme/missing", home.path(), true)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("not in the Hugging Face cache") && e.contains("HF_HUB_OFFLINE"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_toml_file_declares_models_with_options() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("models.toml");
+        std::fs::write(
+            &file,
+            r#"
+[[model]]
+name = "e5"
+source = "intfloat/multilingual-e5-small"
+dtype = "f16"
+lanes = ["gpu"]
+max_batch_tokens = 8192
+vram_cost = "1GiB"
+"#,
+        )
+        .unwrap();
+        let args = ModelArgs {
+            models: vec!["a=/x".into()],
+            models_file: Some(file),
+            hf_home: None,
+            hf_offline: true,
+        };
+        let d = declarations(&args).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[1].lanes.as_deref(), Some(&["gpu".to_owned()][..]));
+        assert_eq!(d[1].vram_cost.as_deref(), Some("1GiB"));
+        let dup = ModelArgs {
+            models: vec!["e5=/x".into()],
+            ..args
+        };
+        assert!(declarations(&dup)
+            .unwrap_err()
+            .to_string()
+            .contains("two models are named"));
+    }
+}
