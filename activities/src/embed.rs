@@ -5,7 +5,7 @@ use gpulane_proto::EmbedRequest;
 use serde_json::Value;
 
 use crate::{
-    input::{invalid, object, opt_bool, opt_string, strings},
+    input::{invalid, object, opt_bool, opt_positive, opt_string, strings},
     ActivityError, Limits,
 };
 
@@ -38,17 +38,7 @@ pub(crate) fn parse_embed(input: &[u8], limits: &Limits) -> Result<EmbedRequest,
             }
         };
     let model = opt_string(&obj, "model")?;
-    let dimensions = match obj.get("dimensions") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 => Some(n as usize),
-            _ => {
-                return Err(invalid(format!(
-                    "field \"dimensions\" must be a positive integer, got {v}; omit it for the model's full width"
-                )))
-            }
-        },
-    };
+    let dimensions = opt_positive(&obj, "dimensions", "omit it for the model's full width")?;
     let encoding = opt_string(&obj, "encoding")?;
     if let Some(e) = &encoding {
         if e != "float" && e != "base64" {

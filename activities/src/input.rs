@@ -59,6 +59,23 @@ pub(crate) fn object(
     Ok(obj)
 }
 
+/// An optional positive integer field; `hint` says what omitting it does.
+pub(crate) fn opt_positive(
+    obj: &Map<String, Value>,
+    field: &str,
+    hint: &str,
+) -> Result<Option<usize>, ActivityError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Ok(Some(n as usize)),
+            _ => Err(invalid(format!(
+                "field \"{field}\" must be a positive integer, got {v}; {hint}"
+            ))),
+        },
+    }
+}
+
 /// An optional string field (e.g. a model name).
 pub(crate) fn opt_string(
     obj: &Map<String, Value>,

@@ -4,7 +4,7 @@ use gpulane_proto::RerankRequest;
 use serde_json::Value;
 
 use crate::{
-    input::{invalid, kind, object, opt_bool, opt_string, strings},
+    input::{invalid, kind, object, opt_bool, opt_positive, opt_string, strings},
     ActivityError, Limits,
 };
 
@@ -50,17 +50,7 @@ pub(crate) fn parse_rerank(input: &[u8], limits: &Limits) -> Result<RerankReques
             )))
         }
     };
-    let top_n = match obj.get("top_n") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 => Some(n as usize),
-            _ => {
-                return Err(invalid(format!(
-                    "field \"top_n\" must be a positive integer, got {v}; omit it to return every document"
-                )))
-            }
-        },
-    };
+    let top_n = opt_positive(&obj, "top_n", "omit it to return every document")?;
     Ok(RerankRequest {
         query,
         documents,

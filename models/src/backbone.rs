@@ -10,8 +10,21 @@ use candle_transformers::models::{bert, xlm_roberta};
 use serde_json::Value;
 use tokenizers::{
     pre_tokenizers::{sequence::Sequence, whitespace::WhitespaceSplit, PreTokenizerWrapper},
-    Tokenizer,
+    Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
 };
+
+/// Makes `tok` truncate at `max_length` tokens (special tokens included), longest side
+/// first for pairs, as transformers' `truncation=True` does.
+pub(crate) fn truncate_at(tok: &mut Tokenizer, max_length: usize) -> Result<(), ModelError> {
+    tok.with_truncation(Some(TruncationParams {
+        max_length,
+        strategy: TruncationStrategy::LongestFirst,
+        stride: 0,
+        direction: TruncationDirection::Right,
+    }))
+    .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+    Ok(())
+}
 
 use crate::ModelError;
 

@@ -8,10 +8,10 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{linear, Linear, VarBuilder};
 use candle_transformers::models::{bert, xlm_roberta};
 use serde_json::Value;
-use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use tokenizers::Tokenizer;
 
 use crate::{
-    backbone::{xlmr_config, Family},
+    backbone::{truncate_at, xlmr_config, Family},
     st_dir::{count_parameters, default_batch_tokens, read_json, working_bytes, MAX_BATCH_ROWS},
     ModelError,
 };
@@ -115,14 +115,7 @@ impl CrossEncoder {
         if let Some(f) = family {
             f.align_tokenizer(&mut tokenizer);
         }
-        tokenizer
-            .with_truncation(Some(TruncationParams {
-                max_length,
-                strategy: TruncationStrategy::LongestFirst,
-                stride: 0,
-                direction: TruncationDirection::Right,
-            }))
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        truncate_at(&mut tokenizer, max_length)?;
 
         let weights = dir.join("model.safetensors");
         if !weights.is_file() {

@@ -2,10 +2,10 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use tokenizers::Tokenizer;
 
 use crate::{
-    backbone::Backbone,
+    backbone::{truncate_at, Backbone},
     pooling::l2_normalize,
     st_dir::{SentenceTransformerDir, MAX_BATCH_ROWS},
     ModelError, ModelInfo,
@@ -73,14 +73,7 @@ impl Embedder {
             .with_truncation(None)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         let mut truncating = whole.clone();
-        truncating
-            .with_truncation(Some(TruncationParams {
-                max_length: st.info.max_seq_length,
-                strategy: TruncationStrategy::LongestFirst,
-                stride: 0,
-                direction: TruncationDirection::Right,
-            }))
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        truncate_at(&mut truncating, st.info.max_seq_length)?;
 
         let weights = dir.join("model.safetensors");
         if !weights.is_file() {
