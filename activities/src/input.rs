@@ -91,6 +91,19 @@ pub(crate) fn opt_string(
     }
 }
 
+/// Checks one text against the per-text character limit; returns its character count.
+/// `what` names it in the message (`texts[3]`, `field "query"`).
+pub(crate) fn text_within(what: &str, s: &str, limits: &Limits) -> Result<usize, ActivityError> {
+    let chars = s.chars().count();
+    if chars > limits.max_text_chars {
+        return Err(invalid(format!(
+            "{what} has {chars} characters, over the limit of {} per text: split or shorten it",
+            limits.max_text_chars
+        )));
+    }
+    Ok(chars)
+}
+
 /// A non-empty array of strings within the count, per-text and total character limits.
 pub(crate) fn strings(
     field: &str,
@@ -124,14 +137,7 @@ pub(crate) fn strings(
                 kind(t)
             )));
         };
-        let chars = s.chars().count();
-        if chars > limits.max_text_chars {
-            return Err(invalid(format!(
-                "{field}[{i}] has {chars} characters, over the limit of {} per text: split or shorten it",
-                limits.max_text_chars
-            )));
-        }
-        total += chars;
+        total += text_within(&format!("{field}[{i}]"), s, limits)?;
         out.push(s.clone());
     }
     if total > limits.max_total_chars {

@@ -4,7 +4,7 @@ use gpulane_proto::RerankRequest;
 use serde_json::Value;
 
 use crate::{
-    input::{invalid, kind, object, opt_bool, opt_positive, opt_string, strings},
+    input::{invalid, kind, object, opt_bool, opt_positive, opt_string, strings, text_within},
     ActivityError, Limits,
 };
 
@@ -35,13 +35,7 @@ pub(crate) fn parse_rerank(input: &[u8], limits: &Limits) -> Result<RerankReques
             )))
         }
     };
-    let query_chars = query.chars().count();
-    if query_chars > limits.max_text_chars {
-        return Err(invalid(format!(
-            "field \"query\" has {query_chars} characters, over the limit of {}: shorten it",
-            limits.max_text_chars
-        )));
-    }
+    text_within("field \"query\"", &query, limits)?;
     let documents = match obj.get("documents") {
         Some(v) if !v.is_null() => strings("documents", v, limits)?,
         _ => {

@@ -258,7 +258,13 @@ impl DeviceActivities {
             .get(req.model.as_deref(), Need::CrossEncoder)?;
         let raw = req.raw_scores.unwrap_or(false);
         let with_docs = req.return_documents.unwrap_or(false);
-        let scored = engine.score(req.query, req.documents.clone()).await?;
+        // Keep the texts only when the caller wants them back.
+        let (documents, kept) = if with_docs {
+            (req.documents.clone(), Some(req.documents))
+        } else {
+            (req.documents, None)
+        };
+        let scored = engine.score(req.query, documents).await?;
         let mut results: Vec<RerankResult> = scored
             .logits
             .iter()
@@ -270,7 +276,7 @@ impl DeviceActivities {
                 } else {
                     1.0 / (1.0 + (-logit).exp())
                 },
-                document: with_docs.then(|| req.documents[index].clone()),
+                document: kept.as_ref().map(|d| d[index].clone()),
             })
             .collect();
         // Stable sort: equal scores keep input order.
