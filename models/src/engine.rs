@@ -24,6 +24,11 @@ pub struct EngineOptions {
     pub dtype: DType,
     /// Embedders: most padded tokens per forward pass; `None` keeps the default.
     pub batch_tokens: Option<usize>,
+    /// Most texts (or pairs) per forward pass; `None` keeps the default (32).
+    pub batch_rows: Option<usize>,
+    /// How long the engine waits for more activities to fill a batch once one is queued;
+    /// zero runs each arrival as soon as the model is free.
+    pub batch_wait: std::time::Duration,
 }
 
 impl Default for EngineOptions {
@@ -31,6 +36,8 @@ impl Default for EngineOptions {
         Self {
             dtype: DType::F32,
             batch_tokens: None,
+            batch_rows: None,
+            batch_wait: std::time::Duration::from_millis(2),
         }
     }
 }

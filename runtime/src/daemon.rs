@@ -349,6 +349,7 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
                 // The CPU (and simulated cards) always compute in f32.
                 dtype: if on_cpu { DType::F32 } else { m.dtype },
                 batch_tokens: m.batch_tokens,
+                ..EngineOptions::default()
             };
             let engine = Engine::start(&m.name, &m.path, &device, opts).map_err(|source| {
                 RuntimeError::Model {
