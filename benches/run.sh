@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# gpulane's benchmarks against its peers (issue 5), by one command:
+#
+#   benches/run.sh [speed|batching|e2e|all]      (default: all)
+#
+# - speed:    `gpulane bench` vs sentence-transformers (benches/st_speed.py) on the CPU, same
+#             corpus, same threads, batch 32, median of 5, on the short corpus (2,000
+#             sentences of ~25 tokens) and the long one (200 passages truncated to 256).
+# - batching: a Temporal dev server and `gpulane run` on `cpu-tools`; 64 concurrent
+#             workflows each running one one-sentence `embed`; gpulane's default
+#             --batch-wait-ms vs 0 (no cross-activity batching), in two separate runs.
+# - e2e:      the same dev server and workflows against gpulane and against the Python
+#             temporalio + sentence-transformers worker (benches/py_worker.py): 40
+#             concurrent 32-text activities and 200 concurrent one-text activities.
+#
+# It installs what it needs (scripts/setup.sh for .venv, the Temporal CLI, the model and
+# the release build; .venv-bench from benches/requirements.txt, ~6 GB, see there why),
+# writes the corpora and every JSON report under benches/out/, and prints a markdown summary
+# with ratios (gpulane ÷ peer), also saved as benches/out/summary.md.
+#
+# Knobs (environment): BENCH_THREADS (compute threads for both sides, default 2),
+# BENCH_REPEAT (timed runs per speed measurement, 5), BENCH_ROUNDS (load rounds, 3),
+# BENCH_PY_MAX_CONCURRENT (the Python worker's concurrent activities, 2),
+# BENCH_SKIP_BUILD=1 (use the gpulane binary as it is; do not run scripts/setup.sh).
+#
+# All traffic stays on 127.0.0.1 (free ports); every command is under a time limit, and
+# every process started here is stopped on exit, error or Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PART=${1:-all}
+case "$PART" in
+  speed|batching|e2e|all) ;;
+  *) echo "usage: benches/run.sh [speed|batching|e2e|all]" >&2; exit 2 ;;
+esac
+THREADS=${BENCH_THREADS:-2}
+REPEAT=${BENCH_REPEAT:-5}
+ROUNDS=${BENCH_ROUNDS:-3}
+PY_MAX_CONCURRENT=${BENCH_PY_MAX_CONCURRENT:-2}
+OUT=benches/out
+LOGS=$OUT/logs
+PY=.venv-bench/bin/python
+BIN=target/release/gpulane
+TEMPORAL=.venv/bin/temporal
+mkdir -p "$LOGS"
+
+say() { echo "== $*" >&2; }
+
+# --- processes we start, stopped on any exit --------------------------------------------
+PIDS=()
+stop() {  # stop PID: SIGTERM, up to 40 s to finish, then SIGKILL
+  local pid=$1 i
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for i in $(seq 400); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do stop "$pid"; done
+  PIDS=()
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+forget() { local p keep=(); for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done; PIDS=("${keep[@]}"); }
+
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# --- setup ------------------------------------------------------------------------------
+if [ "${BENCH_SKIP_BUILD:-0}" = 1 ]; then
+  [ -x "$BIN" ] && [ -x "$TEMPORAL" ] || { echo "BENCH_SKIP_BUILD=1 but $BIN or $TEMPORAL is missing: run scripts/setup.sh" >&2; exit 1; }
+else
+  say "setup: scripts/setup.sh (.venv, Temporal CLI, model, cargo build --release)"
+  timeout 3600 scripts/setup.sh >&2
+fi
+REQ_SHA=$(sha256sum benches/requirements.txt | cut -d' ' -f1)
+if [ ! -x "$PY" ] || [ "$(cat .venv-bench/.requirements.sha256 2>/dev/null)" != "$REQ_SHA" ]; then
+  say "setup: .venv-bench from benches/requirements.txt (torch from PyPI is large: minutes)"
+  [ -x "$PY" ] || python3 -m venv .venv-bench
+  timeout 1800 "$PY" -m pip install -q --disable-pip-version-check -r benches/requirements.txt >&2
+  echo "$REQ_SHA" > .venv-bench/.requirements.sha256
+fi
+MODEL=$(scripts/model-dir.sh)
+say "corpora"
+timeout 300 "$PY" benches/corpus.py --tokenizer "$MODEL/tokenizer.json" --out-dir "$OUT" >&2
+"$PY" - "$OUT/env.json" "$BIN" <<'EOF'
+import json, os, subprocess, sys, importlib.metadata as md
+gl = subprocess.run([sys.argv[2], "--version"], capture_output=True, text=True).stdout.strip()
+peer = ", ".join(f"{p} {md.version(p)}" for p in ("sentence-transformers", "torch", "temporalio"))
+json.dump({"gpulane": gl, "peer": peer, "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg())},
+          open(sys.argv[1], "w"))
+EOF
+
+# --- speed ------------------------------------------------------------------------------
+run_speed() {
+  rm -f "$OUT"/speed-*.json
+  local corpus
+  for corpus in short long; do
+    say "speed: gpulane bench, $corpus corpus, $THREADS threads"
+    RAYON_NUM_THREADS=$THREADS timeout 1800 "$BIN" bench --model "$MODEL" --corpus "$OUT/corpus-$corpus.txt" \
+      --device cpu --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
+      --json "$OUT/speed-gpulane-$corpus.json" > "$LOGS/speed-gpulane-$corpus.log" 2>&1 \
+      || { say "gpulane bench failed: see $LOGS/speed-gpulane-$corpus.log"; tail -5 "$LOGS/speed-gpulane-$corpus.log" >&2; }
+    say "speed: sentence-transformers, $corpus corpus, $THREADS threads"
+    timeout 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$OUT/corpus-$corpus.txt" \
+      --threads "$THREADS" --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
+      --json "$OUT/speed-st-$corpus.json" > "$LOGS/speed-st-$corpus.log" 2>&1 \
+      || { say "st_speed.py failed: see $LOGS/speed-st-$corpus.log"; tail -5 "$LOGS/speed-st-$corpus.log" >&2; }
+  done
+}
+
+# --- a dev server and the workers -------------------------------------------------------
+ADDRESS=""
+SERVER_PID=""
+start_server() {
+  [ -n "$SERVER_PID" ] && return 0
+  local port i
+  port=$(free_port)
+  "$TEMPORAL" server start-dev --ip 127.0.0.1 --port "$port" --headless \
+    --http-port "$(free_port)" --metrics-port "$(free_port)" --log-level warn \
+    > "$LOGS/temporal.log" 2>&1 &
+  SERVER_PID=$!; PIDS+=("$SERVER_PID")
+  for i in $(seq 600); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && { ADDRESS=127.0.0.1:$port; say "dev server on $ADDRESS"; return 0; }
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "the Temporal dev server did not start: see $LOGS/temporal.log" >&2; exit 1
+}
+
+WORKER_PID=""
+# start_gpulane LABEL ARGS...: `gpulane run` on cpu-tools only, until it logs "gpulane ready".
+start_gpulane() {
+  local label=$1 log="$LOGS/gpulane-$1.log" i; shift
+  : > "$log"
+  TEMPORAL_ADDRESS=$ADDRESS GPULANE_HOST=bench GPULANE_METRICS_ADDRESS=127.0.0.1:0 RUST_LOG=info \
+    RAYON_NUM_THREADS=$THREADS "$BIN" run --model "$MODEL" --gpus none --cpu-lane on "$@" > "$log" 2>&1 &
+  WORKER_PID=$!; PIDS+=("$WORKER_PID")
+  for i in $(seq 1200); do
+    grep -q "gpulane ready" "$log" && { say "gpulane ($label) ready: $*"; return 0; }
+    kill -0 "$WORKER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "gpulane ($label) did not become ready: see $log" >&2; tail -5 "$log" >&2; exit 1
+}
+start_py_worker() {
+  local log="$LOGS/py-worker.log" i
+  : > "$log"
+  "$PY" benches/py_worker.py --model "$MODEL" --task-queue py-embed --address "$ADDRESS" \
+    --threads "$THREADS" --max-concurrent "$PY_MAX_CONCURRENT" > "$log" 2>&1 &
+  WORKER_PID=$!; PIDS+=("$WORKER_PID")
+  for i in $(seq 1200); do
+    grep -q "py_worker ready" "$log" && { say "$(grep -m1 'py_worker ready' "$log")"; return 0; }
+    kill -0 "$WORKER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "the Python worker did not become ready: see $log" >&2; tail -5 "$log" >&2; exit 1
+}
+stop_worker() { stop "$WORKER_PID"; forget "$WORKER_PID"; WORKER_PID=""; }
+
+# load QUEUE WORKFLOWS TEXTS CORPUS LABEL OUTFILE
+load() {
+  say "load: $2 workflows × $3 texts on $1 ($5)"
+  timeout 1200 "$PY" benches/load.py --address "$ADDRESS" --task-queue "$1" --workflows "$2" \
+    --texts "$3" --corpus "$OUT/corpus-$4.txt" --rounds "$ROUNDS" --label "$5" --json "$6" >&2
+}
+
+# --- batching ---------------------------------------------------------------------------
+run_batching() {
+  rm -f "$OUT"/batching-*.json "$OUT/batching-skipped.txt"
+  if ! "$BIN" run --help | grep -q -- "--batch-wait-ms"; then
+    echo "not run: this gpulane has no --batch-wait-ms" | tee "$OUT/batching-skipped.txt" >&2
+    return 0
+  fi
+  start_server
+  start_gpulane batching-default --max-concurrent-cpu 64
+  load cpu-tools 64 1 short "default wait" "$OUT/batching-default.json"
+  stop_worker
+  start_gpulane batching-wait0 --max-concurrent-cpu 64 --batch-wait-ms 0
+  load cpu-tools 64 1 short "0 ms (off)" "$OUT/batching-wait0.json"
+  stop_worker
+}
+
+# --- end to end -------------------------------------------------------------------------
+run_e2e() {
+  rm -f "$OUT"/e2e-*.json
+  start_server
+  local gl_flags=(--max-concurrent-cpu 256)
+  "$PY" - "$OUT/e2e-info.json" "${gl_flags[*]} (RAYON_NUM_THREADS=$THREADS)" \
+    "py_worker.py --threads $THREADS --max-concurrent $PY_MAX_CONCURRENT" "$ROUNDS" <<'EOF'
+import json, sys
+json.dump({"gpulane": sys.argv[2], "py_worker": sys.argv[3], "rounds": int(sys.argv[4])}, open(sys.argv[1], "w"))
+EOF
+  start_gpulane e2e "${gl_flags[@]}"
+  load cpu-tools 40 32 short gpulane "$OUT/e2e-gpulane-40x32.json"
+  load cpu-tools 200 1 short gpulane "$OUT/e2e-gpulane-200x1.json"
+  stop_worker
+  start_py_worker
+  load py-embed 40 32 short py_worker "$OUT/e2e-py-40x32.json"
+  load py-embed 200 1 short py_worker "$OUT/e2e-py-200x1.json"
+  stop_worker
+}
+
+case "$PART" in
+  speed) run_speed ;;
+  batching) run_batching ;;
+  e2e) run_e2e ;;
+  all) run_speed; run_batching; run_e2e ;;
+esac
+cleanup
+"$PY" benches/summary.py "$OUT"

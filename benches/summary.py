@@ -1,0 +1,141 @@
+"""Reads the JSON reports benches/run.sh left in benches/out/ and prints one markdown
+summary with the ratios issue 5 asks about (gpulane over its peer; > 1 means gpulane is
+faster). A part that did not run shows as "not run". Standard library only.
+
+Usage: summary.py [OUT_DIR]   (writes OUT_DIR/summary.md and prints it)
+"""
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import sys
+
+
+def load(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def ratio(a, b):
+    return f"**{a / b:.2f}×**" if a and b else "–"
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def speed_section(out):
+    rows = []
+    for corpus in ("short", "long"):
+        g, s = load(out / f"speed-gpulane-{corpus}.json"), load(out / f"speed-st-{corpus}.json")
+        if not g and not s:
+            continue
+        gr = (g or {}).get("results", [{}])[0]
+        sr = (s or {}).get("results", [{}])[0]
+        note = ""
+        if gr.get("tokens") and sr.get("tokens") and gr["tokens"] != sr["tokens"]:
+            note = f" (token counts differ: {gr['tokens']} vs {sr['tokens']})"
+        rows.append(
+            f"| {corpus}: {gr.get('texts') or sr.get('texts')} texts, "
+            f"{gr.get('tokens') or sr.get('tokens')} tokens{note} "
+            f"| {gr.get('texts_per_s', '–')} / {gr.get('tokens_per_s', '–')} "
+            f"| {sr.get('texts_per_s', '–')} / {sr.get('tokens_per_s', '–')} "
+            f"| {ratio(gr.get('texts_per_s'), sr.get('texts_per_s'))} |"
+        )
+    if not rows:
+        return ["## Model speed", "", "not run", ""]
+    g = load(out / "speed-gpulane-short.json") or load(out / "speed-gpulane-long.json") or {}
+    s = load(out / "speed-st-short.json") or load(out / "speed-st-long.json") or {}
+    head = [
+        "## Model speed (one process, no Temporal)",
+        "",
+        f"float32 on the CPU, {g.get('threads', s.get('threads', '?'))} threads (gpulane) / "
+        f"{s.get('threads', '?')} (peer), batch 32, length-sorted, median of "
+        f"{len((g.get('results') or s.get('results') or [{}])[0].get('seconds', []))} runs after a warm-up. "
+        f"Peer: {s.get('peer', '?')}.",
+        "",
+        "| corpus | gpulane texts/s / tokens/s | sentence-transformers texts/s / tokens/s | gpulane ÷ peer |",
+        "|---|---|---|---|",
+    ]
+    return head + rows + [""]
+
+
+def batching_section(out):
+    d, z = load(out / "batching-default.json"), load(out / "batching-wait0.json")
+    skipped = (out / "batching-skipped.txt")
+    if not d and not z:
+        why = skipped.read_text().strip() if skipped.exists() else "not run"
+        return ["## Cross-activity batching", "", why, ""]
+    d, z = d or {}, z or {}
+    w = d.get("workflows") or z.get("workflows")
+    return [
+        "## Cross-activity batching (gpulane on `cpu-tools`, real dev server)",
+        "",
+        f"{w} concurrent workflows, each one `embed` of {d.get('texts_per_activity') or z.get('texts_per_activity')} "
+        f"text; median of {d.get('rounds') or z.get('rounds')} rounds.",
+        "",
+        "| batch wait | activities/s | p50 latency s | p95 latency s |",
+        "|---|---|---|---|",
+        f"| {d.get('label', 'default')} | {d.get('activities_per_s', '–')} | {d.get('latency_p50_s', '–')} | {d.get('latency_p95_s', '–')} |",
+        f"| {z.get('label', '0 ms (off)')} | {z.get('activities_per_s', '–')} | {z.get('latency_p50_s', '–')} | {z.get('latency_p95_s', '–')} |",
+        f"| **batched ÷ unbatched** | {ratio(d.get('activities_per_s'), z.get('activities_per_s'))} | | |",
+        "",
+    ]
+
+
+def e2e_section(out):
+    rows = []
+    for tag in sorted({p.name.split("-")[2].rsplit(".", 1)[0] for p in out.glob("e2e-*-*.json")}):
+        g, p = load(out / f"e2e-gpulane-{tag}.json") or {}, load(out / f"e2e-py-{tag}.json") or {}
+        any_ = g or p
+        rows.append(
+            f"| {any_.get('workflows')} × {any_.get('texts_per_activity')} texts "
+            f"| {g.get('activities_per_s', '–')} / {g.get('sentences_per_s', '–')} "
+            f"| {p.get('activities_per_s', '–')} / {p.get('sentences_per_s', '–')} "
+            f"| {ratio(g.get('sentences_per_s'), p.get('sentences_per_s'))} "
+            f"| {g.get('latency_p50_s', '–')} / {p.get('latency_p50_s', '–')} |"
+        )
+    if not rows:
+        return ["## End to end", "", "not run", ""]
+    info = load(out / "e2e-info.json") or {}
+    return [
+        "## End to end through Temporal (same dev server, same workflows)",
+        "",
+        f"gpulane: {info.get('gpulane', '?')}. Python worker: {info.get('py_worker', '?')}. "
+        f"Median of {info.get('rounds', '?')} rounds; the load driver (also the workflow worker) "
+        "shares the machine.",
+        "",
+        "| load (concurrent workflows × texts) | gpulane activities/s / sentences/s | Python worker activities/s / sentences/s | gpulane ÷ Python | p50 latency s (gpulane / Python) |",
+        "|---|---|---|---|---|",
+    ] + rows + [""]
+
+
+def main():
+    out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "benches/out")
+    env = load(out / "env.json") or {}
+    lines = [
+        "# gpulane benchmarks",
+        "",
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {cpu_name()}, "
+        f"{os.cpu_count()} cores; {env.get('gpulane', 'gpulane ?')}; {env.get('peer', '')}; "
+        f"load average before: {env.get('loadavg', '?')}.",
+        "",
+    ]
+    lines += speed_section(out) + batching_section(out) + e2e_section(out)
+    text = "\n".join(lines)
+    (out / "summary.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
