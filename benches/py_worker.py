@@ -10,14 +10,16 @@ Written as a competent user would, not as a strawman:
   safe to call from several threads in inference);
 - the activity is a plain `def`, run by the SDK in a thread pool, so inference never blocks
   the event loop that polls and heartbeats; PyTorch releases the GIL in its kernels;
-- torch's intra-op threads are set to the cores given to the worker, and the number of
-  activities at once is bounded (`--max-concurrent`, default 2 = one running while the
-  next one's payload is decoded): more concurrent `encode` calls than that only make
-  several OpenMP teams fight over the same cores, and a bigger pool does not batch
-  anything across activities (sentence-transformers batches within one call only);
+- torch's intra-op threads are set to the cores given to the worker, and one `encode`
+  runs at a time (`--inferences`, default 1): concurrent calls would only make several
+  OpenMP teams of that size fight over the same cores, and sentence-transformers batches
+  within one call only, so concurrency buys no batching. A few activities may be in flight
+  (`--max-concurrent`, default 4) so that polling, payload decoding and result encoding of
+  the next ones overlap the running inference;
 - results are float lists through the SDK's default JSON converter, as gpulane's are.
 
 Usage: py_worker.py --model DIR --task-queue Q [--address 127.0.0.1:7233] [--threads 2]
+                    [--max-concurrent 4] [--inferences 1]
 Prints "py_worker ready" when it polls.
 """
 
@@ -27,6 +29,7 @@ import concurrent.futures
 import os
 import pathlib
 import signal
+import threading
 
 
 def main():
@@ -36,8 +39,10 @@ def main():
     ap.add_argument("--address", default=os.environ.get("TEMPORAL_ADDRESS", "127.0.0.1:7233"))
     ap.add_argument("--namespace", default=os.environ.get("TEMPORAL_NAMESPACE", "default"))
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
-    ap.add_argument("--max-concurrent", type=int, default=2,
-                    help="most embed activities running at once (the thread pool's size)")
+    ap.add_argument("--max-concurrent", type=int, default=4,
+                    help="most embed activities in flight at once (the thread pool's size)")
+    ap.add_argument("--inferences", type=int, default=1,
+                    help="most model.encode calls running at once")
     ap.add_argument("--batch-size", type=int, default=32, help="sentence-transformers batch size")
     args = ap.parse_args()
 
@@ -56,6 +61,7 @@ def main():
     dims = model.get_embedding_dimension()
     # Warm up once so the first activity does not pay for lazy initialisation.
     model.encode(["warm up"], show_progress_bar=False)
+    inference_slots = threading.Semaphore(args.inferences)
 
     @activity.defn(name="embed")
     def embed(payload: dict) -> dict:
@@ -67,8 +73,9 @@ def main():
             raise ApplicationError(f"unknown model {payload['model']!r}; served: {name}",
                                    type="UnknownModel", non_retryable=True)
         # The model's own pipeline decides normalization (MiniLM's has a Normalize module).
-        vectors = model.encode(texts, batch_size=args.batch_size, convert_to_numpy=True,
-                               show_progress_bar=False)
+        with inference_slots:
+            vectors = model.encode(texts, batch_size=args.batch_size, convert_to_numpy=True,
+                                   show_progress_bar=False)
         return {"embeddings": vectors.tolist(), "model": name, "dimensions": dims}
 
     async def serve():
@@ -83,7 +90,8 @@ def main():
                 loop.add_signal_handler(sig, stop.set)
             async with worker:
                 print(f"py_worker ready: queue {args.task_queue}, model {name}, "
-                      f"threads {args.threads}, max concurrent {args.max_concurrent}", flush=True)
+                      f"threads {args.threads}, max concurrent {args.max_concurrent}, "
+                      f"inferences {args.inferences}", flush=True)
                 await stop.wait()
 
     asyncio.run(serve())

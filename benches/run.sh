@@ -20,7 +20,8 @@
 #
 # Knobs (environment): BENCH_THREADS (compute threads for both sides, default 2),
 # BENCH_REPEAT (timed runs per speed measurement, 5), BENCH_ROUNDS (load rounds, 3),
-# BENCH_PY_MAX_CONCURRENT (the Python worker's concurrent activities, 2),
+# BENCH_PY_MAX_CONCURRENT (the Python worker's activities in flight, 4) and
+# BENCH_PY_INFERENCES (its model.encode calls at once, 1),
 # BENCH_SKIP_BUILD=1 (use the gpulane binary as it is; do not run scripts/setup.sh).
 #
 # All traffic stays on 127.0.0.1 (free ports); every command is under a time limit, and
@@ -36,7 +37,8 @@ esac
 THREADS=${BENCH_THREADS:-2}
 REPEAT=${BENCH_REPEAT:-5}
 ROUNDS=${BENCH_ROUNDS:-3}
-PY_MAX_CONCURRENT=${BENCH_PY_MAX_CONCURRENT:-2}
+PY_MAX_CONCURRENT=${BENCH_PY_MAX_CONCURRENT:-4}
+PY_INFERENCES=${BENCH_PY_INFERENCES:-1}
 OUT=benches/out
 LOGS=$OUT/logs
 PY=.venv-bench/bin/python
@@ -125,7 +127,7 @@ start_server() {
     kill -0 "$SERVER_PID" 2>/dev/null || break
     sleep 0.1
   done
-  echo "the Temporal dev server did not start: see $LOGS/temporal.log" >&2; exit 1
+  echo "the Temporal dev server did not start: see $LOGS/temporal.log" >&2; return 1
 }
 
 WORKER_PID=""
@@ -141,20 +143,21 @@ start_gpulane() {
     kill -0 "$WORKER_PID" 2>/dev/null || break
     sleep 0.1
   done
-  echo "gpulane ($label) did not become ready: see $log" >&2; tail -5 "$log" >&2; exit 1
+  echo "gpulane ($label) did not become ready: see $log" >&2; tail -5 "$log" >&2; stop_worker; return 1
 }
 start_py_worker() {
   local log="$LOGS/py-worker.log" i
   : > "$log"
   "$PY" benches/py_worker.py --model "$MODEL" --task-queue py-embed --address "$ADDRESS" \
-    --threads "$THREADS" --max-concurrent "$PY_MAX_CONCURRENT" > "$log" 2>&1 &
+    --threads "$THREADS" --max-concurrent "$PY_MAX_CONCURRENT" --inferences "$PY_INFERENCES" \
+    > "$log" 2>&1 &
   WORKER_PID=$!; PIDS+=("$WORKER_PID")
   for i in $(seq 1200); do
     grep -q "py_worker ready" "$log" && { say "$(grep -m1 'py_worker ready' "$log")"; return 0; }
     kill -0 "$WORKER_PID" 2>/dev/null || break
     sleep 0.1
   done
-  echo "the Python worker did not become ready: see $log" >&2; tail -5 "$log" >&2; exit 1
+  echo "the Python worker did not become ready: see $log" >&2; tail -5 "$log" >&2; stop_worker; return 1
 }
 stop_worker() { stop "$WORKER_PID"; forget "$WORKER_PID"; WORKER_PID=""; }
 
@@ -162,7 +165,8 @@ stop_worker() { stop "$WORKER_PID"; forget "$WORKER_PID"; WORKER_PID=""; }
 load() {
   say "load: $2 workflows × $3 texts on $1 ($5)"
   timeout 1200 "$PY" benches/load.py --address "$ADDRESS" --task-queue "$1" --workflows "$2" \
-    --texts "$3" --corpus "$OUT/corpus-$4.txt" --rounds "$ROUNDS" --label "$5" --json "$6" >&2
+    --texts "$3" --corpus "$OUT/corpus-$4.txt" --rounds "$ROUNDS" --label "$5" --json "$6" >&2 \
+    || say "load failed or timed out: $2 × $3 on $1 ($5)"
 }
 
 # --- batching ---------------------------------------------------------------------------
@@ -172,33 +176,37 @@ run_batching() {
     echo "not run: this gpulane has no --batch-wait-ms" | tee "$OUT/batching-skipped.txt" >&2
     return 0
   fi
-  start_server
-  start_gpulane batching-default --max-concurrent-cpu 64
-  load cpu-tools 64 1 short "default wait" "$OUT/batching-default.json"
-  stop_worker
-  start_gpulane batching-wait0 --max-concurrent-cpu 64 --batch-wait-ms 0
-  load cpu-tools 64 1 short "0 ms (off)" "$OUT/batching-wait0.json"
-  stop_worker
+  start_server || return 0
+  if start_gpulane batching-default --max-concurrent-cpu 64; then
+    load cpu-tools 64 1 short "default wait" "$OUT/batching-default.json"
+    stop_worker
+  fi
+  if start_gpulane batching-wait0 --max-concurrent-cpu 64 --batch-wait-ms 0; then
+    load cpu-tools 64 1 short "0 ms (off)" "$OUT/batching-wait0.json"
+    stop_worker
+  fi
 }
 
 # --- end to end -------------------------------------------------------------------------
 run_e2e() {
   rm -f "$OUT"/e2e-*.json
-  start_server
+  start_server || return 0
   local gl_flags=(--max-concurrent-cpu 256)
   "$PY" - "$OUT/e2e-info.json" "${gl_flags[*]} (RAYON_NUM_THREADS=$THREADS)" \
-    "py_worker.py --threads $THREADS --max-concurrent $PY_MAX_CONCURRENT" "$ROUNDS" <<'EOF'
+    "py_worker.py --threads $THREADS --max-concurrent $PY_MAX_CONCURRENT --inferences $PY_INFERENCES" "$ROUNDS" <<'EOF'
 import json, sys
 json.dump({"gpulane": sys.argv[2], "py_worker": sys.argv[3], "rounds": int(sys.argv[4])}, open(sys.argv[1], "w"))
 EOF
-  start_gpulane e2e "${gl_flags[@]}"
-  load cpu-tools 40 32 short gpulane "$OUT/e2e-gpulane-40x32.json"
-  load cpu-tools 200 1 short gpulane "$OUT/e2e-gpulane-200x1.json"
-  stop_worker
-  start_py_worker
-  load py-embed 40 32 short py_worker "$OUT/e2e-py-40x32.json"
-  load py-embed 200 1 short py_worker "$OUT/e2e-py-200x1.json"
-  stop_worker
+  if start_gpulane e2e "${gl_flags[@]}"; then
+    load cpu-tools 40 32 short gpulane "$OUT/e2e-gpulane-40x32.json"
+    load cpu-tools 200 1 short gpulane "$OUT/e2e-gpulane-200x1.json"
+    stop_worker
+  fi
+  if start_py_worker; then
+    load py-embed 40 32 short py_worker "$OUT/e2e-py-40x32.json"
+    load py-embed 200 1 short py_worker "$OUT/e2e-py-200x1.json"
+    stop_worker
+  fi
 }
 
 case "$PART" in

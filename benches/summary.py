@@ -20,8 +20,24 @@ def load(path):
         return None
 
 
+def fmt(x):
+    """Numbers as people read them: 3 significant digits, at least the units."""
+    if not isinstance(x, (int, float)):
+        return "–" if x is None else str(x)
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def ratio(a, b):
     return f"**{a / b:.2f}×**" if a and b else "–"
+
+
+def measured_at(out, pattern):
+    """When a section's reports were written, since parts can be run separately."""
+    times = [p.stat().st_mtime for p in out.glob(pattern)]
+    if not times:
+        return ""
+    at = datetime.datetime.fromtimestamp(max(times), datetime.timezone.utc)
+    return f" (measured {at:%Y-%m-%d %H:%M} UTC)"
 
 
 def cpu_name():
@@ -48,8 +64,8 @@ def speed_section(out):
         rows.append(
             f"| {corpus}: {gr.get('texts') or sr.get('texts')} texts, "
             f"{gr.get('tokens') or sr.get('tokens')} tokens{note} "
-            f"| {gr.get('texts_per_s', '–')} / {gr.get('tokens_per_s', '–')} "
-            f"| {sr.get('texts_per_s', '–')} / {sr.get('tokens_per_s', '–')} "
+            f"| {fmt(gr.get('texts_per_s'))} / {fmt(gr.get('tokens_per_s'))} "
+            f"| {fmt(sr.get('texts_per_s'))} / {fmt(sr.get('tokens_per_s'))} "
             f"| {ratio(gr.get('texts_per_s'), sr.get('texts_per_s'))} |"
         )
     if not rows:
@@ -57,7 +73,7 @@ def speed_section(out):
     g = load(out / "speed-gpulane-short.json") or load(out / "speed-gpulane-long.json") or {}
     s = load(out / "speed-st-short.json") or load(out / "speed-st-long.json") or {}
     head = [
-        "## Model speed (one process, no Temporal)",
+        "## Model speed (one process, no Temporal)" + measured_at(out, "speed-*.json"),
         "",
         f"float32 on the CPU, {g.get('threads', s.get('threads', '?'))} threads (gpulane) / "
         f"{s.get('threads', '?')} (peer), batch 32, length-sorted, median of "
@@ -79,15 +95,16 @@ def batching_section(out):
     d, z = d or {}, z or {}
     w = d.get("workflows") or z.get("workflows")
     return [
-        "## Cross-activity batching (gpulane on `cpu-tools`, real dev server)",
+        "## Cross-activity batching (gpulane on `cpu-tools`, real dev server)"
+        + measured_at(out, "batching-*.json"),
         "",
         f"{w} concurrent workflows, each one `embed` of {d.get('texts_per_activity') or z.get('texts_per_activity')} "
         f"text; median of {d.get('rounds') or z.get('rounds')} rounds.",
         "",
         "| batch wait | activities/s | p50 latency s | p95 latency s |",
         "|---|---|---|---|",
-        f"| {d.get('label', 'default')} | {d.get('activities_per_s', '–')} | {d.get('latency_p50_s', '–')} | {d.get('latency_p95_s', '–')} |",
-        f"| {z.get('label', '0 ms (off)')} | {z.get('activities_per_s', '–')} | {z.get('latency_p50_s', '–')} | {z.get('latency_p95_s', '–')} |",
+        f"| {d.get('label', 'default')} | {fmt(d.get('activities_per_s'))} | {fmt(d.get('latency_p50_s'))} | {fmt(d.get('latency_p95_s'))} |",
+        f"| {z.get('label', '0 ms (off)')} | {fmt(z.get('activities_per_s'))} | {fmt(z.get('latency_p50_s'))} | {fmt(z.get('latency_p95_s'))} |",
         f"| **batched ÷ unbatched** | {ratio(d.get('activities_per_s'), z.get('activities_per_s'))} | | |",
         "",
     ]
@@ -95,21 +112,24 @@ def batching_section(out):
 
 def e2e_section(out):
     rows = []
-    for tag in sorted({p.name.split("-")[2].rsplit(".", 1)[0] for p in out.glob("e2e-*-*.json")}):
+    tags = {p.name.split("-")[2].rsplit(".", 1)[0] for p in out.glob("e2e-*-*.json")}
+    # Big activities first, as in the issue; then any other load someone added.
+    for tag in sorted(tags, key=lambda t: (t != "40x32", t != "200x1", t)):
         g, p = load(out / f"e2e-gpulane-{tag}.json") or {}, load(out / f"e2e-py-{tag}.json") or {}
         any_ = g or p
         rows.append(
             f"| {any_.get('workflows')} × {any_.get('texts_per_activity')} texts "
-            f"| {g.get('activities_per_s', '–')} / {g.get('sentences_per_s', '–')} "
-            f"| {p.get('activities_per_s', '–')} / {p.get('sentences_per_s', '–')} "
+            f"| {fmt(g.get('activities_per_s'))} / {fmt(g.get('sentences_per_s'))} "
+            f"| {fmt(p.get('activities_per_s'))} / {fmt(p.get('sentences_per_s'))} "
             f"| {ratio(g.get('sentences_per_s'), p.get('sentences_per_s'))} "
-            f"| {g.get('latency_p50_s', '–')} / {p.get('latency_p50_s', '–')} |"
+            f"| {fmt(g.get('latency_p50_s'))} / {fmt(p.get('latency_p50_s'))} |"
         )
     if not rows:
         return ["## End to end", "", "not run", ""]
     info = load(out / "e2e-info.json") or {}
     return [
-        "## End to end through Temporal (same dev server, same workflows)",
+        "## End to end through Temporal (same dev server, same workflows)"
+        + measured_at(out, "e2e-*-*.json"),
         "",
         f"gpulane: {info.get('gpulane', '?')}. Python worker: {info.get('py_worker', '?')}. "
         f"Median of {info.get('rounds', '?')} rounds; the load driver (also the workflow worker) "
