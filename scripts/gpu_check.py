@@ -1,0 +1,379 @@
+"""Python side of scripts/gpu-check.sh: the sentence-transformers reference, the memory hog,
+and the report. Standard library only, except the subcommands that run PyTorch
+(`compare`, `st-speed`, `hog`), which import torch and sentence-transformers lazily so the
+rest runs (and is tested) on a machine without them.
+
+Subcommands:
+  corpus   --out FILE --n N                 deterministic texts, one per line
+  pack     --model DIR --bin FILE --dest DIR  the carry folder for a lent GPU machine
+  compare  --model DIR --corpus FILE --dump FILE --dtype f32|f16 --out FILE
+  st-speed --model DIR --corpus FILE --batch-sizes 8,32,128 --dtype f16 --out FILE
+  hog      --leave BYTES --ready FILE        hold all but BYTES of card 0 until killed
+  report   --dir DIR                         the summary table from the files above
+"""
+
+import argparse
+import json
+import lzma
+import math
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+WORDS = (
+    "the of and to in a is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there been one all we their has would when if "
+    "so no will can more other its into time only some could new them these two may first "
+    "then do any like my now over such our man me even most made after also did many off "
+    "before must well back through years much where your way down should because each just "
+    "those people how too little state good very make world still own see men work long get "
+    "here between both life being under never day same another know while last might us great "
+    "old year come since against go came right used take three GPU embedding Temporal worker "
+    "lane card memory batch token throughput latency naïve café Zürich 東京 données résumé "
+    "2026 3.14 e=mc² #tag user@example.com https://example.org/a?b=c"
+).split()
+
+
+def make_corpus(n, seed=20261130):
+    """Texts of 1 to ~400 words (some past MiniLM's 256-token limit), reproducible."""
+    rng = random.Random(seed)
+    texts = []
+    for i in range(n):
+        r = rng.random()
+        if r < 0.5:
+            k = rng.randint(3, 25)
+        elif r < 0.9:
+            k = rng.randint(25, 120)
+        else:
+            k = rng.randint(120, 400)
+        words = [rng.choice(WORDS) for _ in range(k)]
+        words[0] = words[0].capitalize()
+        texts.append(" ".join(words) + rng.choice([".", "!", "?", ""]))
+    return texts
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [l.rstrip("\n").rstrip("\r") for l in f if l.strip()]
+
+
+def read_vectors(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+def cosine(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    na = math.sqrt(sum(x * x for x in a))
+    nb = math.sqrt(sum(y * y for y in b))
+    return dot / (na * nb) if na and nb else 0.0
+
+
+def agreement(ours, ref):
+    """Cosine and max abs difference of two lists of vectors, row by row."""
+    if len(ours) != len(ref):
+        raise SystemExit(f"gpulane wrote {len(ours)} vectors, the reference has {len(ref)}")
+    cos = [cosine(a, b) for a, b in zip(ours, ref)]
+    diff = max(abs(x - y) for a, b in zip(ours, ref) for x, y in zip(a, b))
+    worst = min(range(len(cos)), key=cos.__getitem__)
+    return {
+        "texts": len(cos),
+        "cosine_min": min(cos),
+        "cosine_mean": sum(cos) / len(cos),
+        "max_abs_diff": diff,
+        "worst_index": worst,
+    }
+
+
+# ---------------------------------------------------------------- pack (runs here)
+
+
+def f32_safetensors_to_f16(src, dst):
+    """Rewrites a safetensors file with every F32 tensor stored as F16 (pure Python)."""
+    with open(src, "rb") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(hlen))
+        data = f.read()
+    meta = header.pop("__metadata__", None)
+    out_header, chunks, offset = {}, [], 0
+    for name, t in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        begin, end = t["data_offsets"]
+        raw = data[begin:end]
+        dtype = t["dtype"]
+        if dtype == "F32":
+            n = len(raw) // 4
+            floats = struct.unpack(f"<{n}f", raw)
+            # Out-of-range values would not fit f16; MiniLM has none, but say so if one does.
+            raw = struct.pack(f"<{n}e", *floats)
+            dtype = "F16"
+        out_header[name] = {"dtype": dtype, "shape": t["shape"],
+                            "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    if meta is not None:
+        out_header["__metadata__"] = meta
+    hbytes = json.dumps(out_header, separators=(",", ":")).encode()
+    hbytes += b" " * (-len(hbytes) % 8)
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(hbytes)))
+        f.write(hbytes)
+        for c in chunks:
+            f.write(c)
+
+
+def cmd_pack(a):
+    """The binary (xz) and the model with f16-stored weights: the device tool carries at
+    most 64 MiB, and MiniLM's f32 weights alone are 87 MiB. Both gpulane and
+    sentence-transformers then load the same f16-stored weights (upcast exactly for the
+    f32 comparison), so the check compares the computations, not the copies."""
+    dest = a.dest
+    os.makedirs(dest, exist_ok=True)
+    mdest = os.path.join(dest, "minilm")
+    if os.path.exists(mdest):
+        shutil.rmtree(mdest)
+    shutil.copytree(a.model, mdest, ignore=shutil.ignore_patterns(
+        "model.safetensors", "*.bin", "*.onnx", "onnx", "openvino", "*.h5", "*.ot", "README.md",
+        ".gitattributes", "data_config.json", "train_script.py"))
+    f32_safetensors_to_f16(os.path.join(a.model, "model.safetensors"),
+                           os.path.join(mdest, "model.safetensors"))
+    # The release profile keeps line tables (debug = 1): hundreds of MB that the check
+    # does not need. Strip them from a copy, then compress.
+    stripped = os.path.join(dest, "gpulane.stripped")
+    if shutil.which("strip"):
+        subprocess.run(["strip", "--strip-debug", "-o", stripped, a.bin], check=True)
+    else:
+        shutil.copyfile(a.bin, stripped)
+    with open(stripped, "rb") as f, lzma.open(os.path.join(dest, "gpulane.xz"), "wb", preset=6) as g:
+        shutil.copyfileobj(f, g, 1 << 20)
+    os.remove(stripped)
+    total = 0
+    for root, _, files in os.walk(dest):
+        total += sum(os.path.getsize(os.path.join(root, x)) for x in files)
+    print(f"packed {dest}: {total / 2**20:.1f} MiB (the device tool carries at most 64 MiB in all)")
+
+
+def cmd_unpack_bin(a):
+    with lzma.open(a.src, "rb") as f, open(a.dest, "wb") as g:
+        shutil.copyfileobj(f, g, 1 << 20)
+    os.chmod(a.dest, 0o755)
+
+
+# ---------------------------------------------------------------- PyTorch parts (GPU machine)
+
+
+def load_st(model_dir, dtype):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    m = SentenceTransformer(model_dir, device="cuda")
+    # Whatever dtype the loader chose from the stored weights, compute in the one asked.
+    m = m.to(torch.float16 if dtype == "f16" else torch.float32)
+    m.eval()
+    return m
+
+
+def cmd_compare(a):
+    import torch
+
+    texts = read_lines(a.corpus)
+    ours = read_vectors(a.dump)
+    m = load_st(a.model, a.dtype)
+    with torch.inference_mode():
+        ref = m.encode(texts, batch_size=32, convert_to_numpy=True).astype("float32").tolist()
+    res = agreement(ours, ref)
+    res.update(dtype=a.dtype, model=a.model, reference="sentence-transformers",
+               torch=torch.__version__, gpu=torch.cuda.get_device_name(0))
+    write_json(a.out, res)
+    print(json.dumps(res))
+
+
+def cmd_st_speed(a):
+    import torch
+
+    texts = read_lines(a.corpus)
+    m = load_st(a.model, a.dtype)
+    tok = m.tokenizer
+    enc = tok(texts, truncation=True, max_length=m.max_seq_length)
+    tokens = sum(len(ids) for ids in enc["input_ids"])
+    results = []
+    for bs in [int(x) for x in a.batch_sizes.split(",")]:
+        with torch.inference_mode():
+            for _ in range(a.warmup):
+                m.encode(texts, batch_size=bs, convert_to_numpy=True)
+            torch.cuda.synchronize()
+            secs = []
+            for _ in range(a.repeat):
+                t = time.perf_counter()
+                m.encode(texts, batch_size=bs, convert_to_numpy=True)
+                torch.cuda.synchronize()
+                secs.append(time.perf_counter() - t)
+        med = sorted(secs)[len(secs) // 2] if len(secs) % 2 else sum(sorted(secs)[len(secs) // 2 - 1:len(secs) // 2 + 1]) / 2
+        results.append({"device": "cuda:0", "dtype": a.dtype, "batch_rows": bs,
+                        "texts": len(texts), "tokens": tokens, "seconds": secs,
+                        "seconds_median": med, "texts_per_s": len(texts) / med,
+                        "tokens_per_s": tokens / med})
+        print(f"sentence-transformers {a.dtype} batch {bs}: {tokens / med:,.0f} tokens/s", flush=True)
+    write_json(a.out, {"model": a.model, "torch": torch.__version__,
+                       "gpu": torch.cuda.get_device_name(0), "results": results})
+
+
+def cmd_hog(a):
+    """Takes all but `leave` bytes of card 0's free memory, writes `ready`, holds it until
+    SIGTERM/SIGINT: another tenant, as NVML will see it."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(0)
+    want = max(0, free - a.leave)
+    blocks, got, step = [], 0, 1 << 30
+    while got < want:
+        n = min(step, want - got)
+        try:
+            blocks.append(torch.empty(n, dtype=torch.uint8, device="cuda:0"))
+            got += n
+        except RuntimeError:
+            if step <= (64 << 20):
+                break
+            step //= 2
+    torch.cuda.synchronize()
+    free_after, _ = torch.cuda.mem_get_info(0)
+    write_json(a.ready, {"held_bytes": got, "free_before": free, "free_after": free_after,
+                         "total": total})
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+
+
+# ---------------------------------------------------------------- report
+
+
+def write_json(path, obj):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+
+
+def load(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def parse_admission(path):
+    """`gpulane admission` lines -> {uuid: {key: value}}."""
+    cards = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 3 and parts[0] == "gpu":
+                    kv = dict(p.split("=", 1) for p in parts[3:] if "=" in p)
+                    cards[parts[2]] = kv
+    except OSError:
+        pass
+    return cards
+
+
+def cmd_report(a):
+    d = a.dir
+    lines = ["# gpulane GPU check", ""]
+    if os.path.exists(os.path.join(d, "devices.txt")):
+        with open(os.path.join(d, "devices.txt"), encoding="utf-8") as f:
+            lines += ["## Inventory (gpulane devices)", "", "```", f.read().rstrip(), "```", ""]
+    lines += ["## embed vs sentence-transformers (same card, same weights)", "",
+              "| dtype | texts | cosine min | cosine mean | max abs diff |", "|---|---|---|---|---|"]
+    for dt in ("f32", "f16"):
+        c = load(os.path.join(d, f"correctness-{dt}.json"))
+        if c:
+            lines.append(f"| {dt} | {c['texts']} | {c['cosine_min']:.6f} | {c['cosine_mean']:.6f} | {c['max_abs_diff']:.2e} |")
+        else:
+            lines.append(f"| {dt} | missing | | | |")
+    lines += ["", "## Throughput, tokens/s (median)", "",
+              "| device | dtype | batch rows | gpulane | sentence-transformers fp16 | gpulane / ST |",
+              "|---|---|---|---|---|---|"]
+    ours = load(os.path.join(d, "gpulane-speed.json")) or {"results": []}
+    st = load(os.path.join(d, "st-speed.json")) or {"results": []}
+    st_by_rows = {r["batch_rows"]: r for r in st["results"]}
+    for r in ours["results"]:
+        s = st_by_rows.get(r["batch_rows"]) if r["device"].startswith("cuda") else None
+        ratio = f"{r['tokens_per_s'] / s['tokens_per_s']:.2f}" if s else "-"
+        st_tps = f"{s['tokens_per_s']:,.0f}" if s else "-"
+        lines.append(f"| {r['device']} | {r['dtype']} | {r['batch_rows']} | {r['tokens_per_s']:,.0f} | {st_tps} | {ratio} |")
+    lines += ["", "## VRAM admission against NVML (MiniLM embed)", "",
+              "| moment | free GiB | embed cost MiB | admits |", "|---|---|---|---|"]
+    flips = []
+    for moment in ("before", "during", "after"):
+        for uuid, kv in parse_admission(os.path.join(d, f"admission-{moment}.txt")).items():
+            try:
+                free = f"{int(kv['free_bytes']) / 2**30:.1f}"
+            except (KeyError, ValueError):
+                free = kv.get("free_bytes", "?")
+            cost = int(kv.get("embed_cost_bytes", "0")) / 2**20
+            lines.append(f"| {moment} ({uuid[:12]}) | {free} | {cost:.0f} | {kv.get('admit_embed')} |")
+            flips.append(kv.get("admit_embed"))
+    hog = load(os.path.join(d, "hog.json"))
+    if hog:
+        lines.append(f"\nA second process (PyTorch) held {hog['held_bytes'] / 2**30:.1f} GiB during `during`.")
+    if len(flips) == 3:
+        ok = flips[0] not in ("0", None) and flips[1] == "0" and flips[2] not in ("0", None)
+        lines.append("admission flips with the other tenant: " + ("yes" if ok else "NO"))
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(d, "summary.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("corpus")
+    c.add_argument("--out", required=True)
+    c.add_argument("--n", type=int, default=1000)
+    c.add_argument("--seed", type=int, default=20261130)
+    k = sub.add_parser("pack")
+    k.add_argument("--model", required=True)
+    k.add_argument("--bin", required=True)
+    k.add_argument("--dest", required=True)
+    u = sub.add_parser("unpack-bin")
+    u.add_argument("--src", required=True)
+    u.add_argument("--dest", required=True)
+    m = sub.add_parser("compare")
+    m.add_argument("--model", required=True)
+    m.add_argument("--corpus", required=True)
+    m.add_argument("--dump", required=True)
+    m.add_argument("--dtype", choices=["f32", "f16"], required=True)
+    m.add_argument("--out", required=True)
+    s = sub.add_parser("st-speed")
+    s.add_argument("--model", required=True)
+    s.add_argument("--corpus", required=True)
+    s.add_argument("--batch-sizes", default="8,32,128")
+    s.add_argument("--dtype", choices=["f32", "f16"], default="f16")
+    s.add_argument("--repeat", type=int, default=5)
+    s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--out", required=True)
+    h = sub.add_parser("hog")
+    h.add_argument("--leave", type=int, default=1 << 30)
+    h.add_argument("--ready", required=True)
+    r = sub.add_parser("report")
+    r.add_argument("--dir", required=True)
+    a = p.parse_args()
+    if a.cmd == "corpus":
+        with open(a.out, "w", encoding="utf-8") as f:
+            for t in make_corpus(a.n, a.seed):
+                f.write(t + "\n")
+    else:
+        {"pack": cmd_pack, "unpack-bin": cmd_unpack_bin, "compare": cmd_compare,
+         "st-speed": cmd_st_speed, "hog": cmd_hog, "report": cmd_report}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()
