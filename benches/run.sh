@@ -26,6 +26,9 @@
 #
 # All traffic stays on 127.0.0.1 (free ports); every command is under a time limit, and
 # every process started here is stopped on exit, error or Ctrl-C.
+# The whole script is one block, read before it runs: editing or checking out this file while
+# a run is under way cannot change what that run does.
+{
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,14 +60,26 @@ stop() {  # stop PID: SIGTERM, up to 40 s to finish, then SIGKILL
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do stop "$pid"; done
+cleanup() {  # newest first: the load before the worker, the worker before the server
+  local i
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do stop "${PIDS[i]}"; done
   PIDS=()
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT TERM HUP
 forget() { local p keep=(); for p in "${PIDS[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done; PIDS=("${keep[@]}"); }
+
+# bounded SECONDS CMD...: CMD under a time limit, in the background and waited for, so that
+# Ctrl-C or SIGTERM stops it at once (bash runs a trap only after a foreground command
+# ends, and `timeout` puts its command out of reach of the terminal's Ctrl-C).
+bounded() {
+  local limit=$1 pid rc=0; shift
+  timeout "$limit" "$@" &
+  pid=$!; PIDS+=("$pid")
+  wait "$pid" || rc=$?
+  forget "$pid"
+  return "$rc"
+}
 
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -73,18 +88,18 @@ if [ "${BENCH_SKIP_BUILD:-0}" = 1 ]; then
   [ -x "$BIN" ] && [ -x "$TEMPORAL" ] || { echo "BENCH_SKIP_BUILD=1 but $BIN or $TEMPORAL is missing: run scripts/setup.sh" >&2; exit 1; }
 else
   say "setup: scripts/setup.sh (.venv, Temporal CLI, model, cargo build --release)"
-  timeout 3600 scripts/setup.sh >&2
+  bounded 3600 scripts/setup.sh >&2
 fi
 REQ_SHA=$(sha256sum benches/requirements.txt | cut -d' ' -f1)
 if [ ! -x "$PY" ] || [ "$(cat .venv-bench/.requirements.sha256 2>/dev/null)" != "$REQ_SHA" ]; then
   say "setup: .venv-bench from benches/requirements.txt (torch from PyPI is large: minutes)"
   [ -x "$PY" ] || python3 -m venv .venv-bench
-  timeout 1800 "$PY" -m pip install -q --disable-pip-version-check -r benches/requirements.txt >&2
+  bounded 1800 "$PY" -m pip install -q --disable-pip-version-check -r benches/requirements.txt >&2
   echo "$REQ_SHA" > .venv-bench/.requirements.sha256
 fi
 MODEL=$(scripts/model-dir.sh)
 say "corpora"
-timeout 300 "$PY" benches/corpus.py --tokenizer "$MODEL/tokenizer.json" --out-dir "$OUT" >&2
+bounded 300 "$PY" benches/corpus.py --tokenizer "$MODEL/tokenizer.json" --out-dir "$OUT" >&2
 "$PY" - "$OUT/env.json" "$BIN" <<'EOF'
 import json, os, subprocess, sys, importlib.metadata as md
 gl = subprocess.run([sys.argv[2], "--version"], capture_output=True, text=True).stdout.strip()
@@ -99,12 +114,12 @@ run_speed() {
   local corpus
   for corpus in short long; do
     say "speed: gpulane bench, $corpus corpus, $THREADS threads"
-    RAYON_NUM_THREADS=$THREADS timeout 1800 "$BIN" bench --model "$MODEL" --corpus "$OUT/corpus-$corpus.txt" \
+    bounded 1800 env RAYON_NUM_THREADS="$THREADS" "$BIN" bench --model "$MODEL" --corpus "$OUT/corpus-$corpus.txt" \
       --device cpu --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
       --json "$OUT/speed-gpulane-$corpus.json" > "$LOGS/speed-gpulane-$corpus.log" 2>&1 \
       || { say "gpulane bench failed: see $LOGS/speed-gpulane-$corpus.log"; tail -5 "$LOGS/speed-gpulane-$corpus.log" >&2; }
     say "speed: sentence-transformers, $corpus corpus, $THREADS threads"
-    timeout 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$OUT/corpus-$corpus.txt" \
+    bounded 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$OUT/corpus-$corpus.txt" \
       --threads "$THREADS" --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
       --json "$OUT/speed-st-$corpus.json" > "$LOGS/speed-st-$corpus.log" 2>&1 \
       || { say "st_speed.py failed: see $LOGS/speed-st-$corpus.log"; tail -5 "$LOGS/speed-st-$corpus.log" >&2; }
@@ -164,7 +179,7 @@ stop_worker() { stop "$WORKER_PID"; forget "$WORKER_PID"; WORKER_PID=""; }
 # load QUEUE WORKFLOWS TEXTS CORPUS LABEL OUTFILE
 load() {
   say "load: $2 workflows × $3 texts on $1 ($5)"
-  timeout 1200 "$PY" benches/load.py --address "$ADDRESS" --task-queue "$1" --workflows "$2" \
+  bounded 1200 "$PY" benches/load.py --address "$ADDRESS" --task-queue "$1" --workflows "$2" \
     --texts "$3" --corpus "$OUT/corpus-$4.txt" --rounds "$ROUNDS" --label "$5" --json "$6" >&2 \
     || say "load failed or timed out: $2 × $3 on $1 ($5)"
 }
@@ -217,3 +232,5 @@ case "$PART" in
 esac
 cleanup
 "$PY" benches/summary.py "$OUT"
+exit
+}
