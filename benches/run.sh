@@ -12,6 +12,8 @@
 # - e2e:      the same dev server and workflows against gpulane and against the Python
 #             temporalio + sentence-transformers worker (benches/py_worker.py): 40
 #             concurrent 32-text activities and 200 concurrent one-text activities.
+# batching and e2e also run their loads against a no-op worker (benches/null_worker.py):
+# the ceiling of the harness (dev server, driver, payloads) on this machine.
 #
 # It installs what it needs (scripts/setup.sh for .venv, the Temporal CLI, the model and
 # the release build; .venv-bench from benches/requirements.txt, ~6 GB, see there why),
@@ -160,20 +162,24 @@ start_gpulane() {
   done
   echo "gpulane ($label) did not become ready: see $log" >&2; tail -5 "$log" >&2; stop_worker; return 1
 }
-start_py_worker() {
-  local log="$LOGS/py-worker.log" i
+# start_python LABEL READY_MARKER SCRIPT ARGS...: a Python worker, until it prints its marker.
+start_python() {
+  local label=$1 marker=$2 log="$LOGS/$1.log" i; shift 2
   : > "$log"
-  "$PY" benches/py_worker.py --model "$MODEL" --task-queue py-embed --address "$ADDRESS" \
-    --threads "$THREADS" --max-concurrent "$PY_MAX_CONCURRENT" --inferences "$PY_INFERENCES" \
-    > "$log" 2>&1 &
+  "$PY" "$@" --address "$ADDRESS" > "$log" 2>&1 &
   WORKER_PID=$!; PIDS+=("$WORKER_PID")
   for i in $(seq 1200); do
-    grep -q "py_worker ready" "$log" && { say "$(grep -m1 'py_worker ready' "$log")"; return 0; }
+    grep -q "$marker" "$log" && { say "$(grep -m1 "$marker" "$log")"; return 0; }
     kill -0 "$WORKER_PID" 2>/dev/null || break
     sleep 0.1
   done
-  echo "the Python worker did not become ready: see $log" >&2; tail -5 "$log" >&2; stop_worker; return 1
+  echo "$label did not become ready: see $log" >&2; tail -5 "$log" >&2; stop_worker; return 1
 }
+start_py_worker() {
+  start_python py-worker "py_worker ready" benches/py_worker.py --model "$MODEL" --task-queue py-embed \
+    --threads "$THREADS" --max-concurrent "$PY_MAX_CONCURRENT" --inferences "$PY_INFERENCES"
+}
+start_null_worker() { start_python null-worker "null_worker ready" benches/null_worker.py --task-queue null-embed; }
 stop_worker() { stop "$WORKER_PID"; forget "$WORKER_PID"; WORKER_PID=""; }
 
 # load QUEUE WORKFLOWS TEXTS CORPUS LABEL OUTFILE
@@ -200,6 +206,10 @@ run_batching() {
     load cpu-tools 64 1 short "0 ms (off)" "$OUT/batching-wait0.json"
     stop_worker
   fi
+  if start_null_worker; then
+    load null-embed 64 1 short "no-op worker" "$OUT/batching-null.json"
+    stop_worker
+  fi
 }
 
 # --- end to end -------------------------------------------------------------------------
@@ -220,6 +230,11 @@ EOF
   if start_py_worker; then
     load py-embed 40 32 short py_worker "$OUT/e2e-py-40x32.json"
     load py-embed 200 1 short py_worker "$OUT/e2e-py-200x1.json"
+    stop_worker
+  fi
+  if start_null_worker; then
+    load null-embed 40 32 short "no-op worker" "$OUT/e2e-null-40x32.json"
+    load null-embed 200 1 short "no-op worker" "$OUT/e2e-null-200x1.json"
     stop_worker
   fi
 }

@@ -93,6 +93,7 @@ def batching_section(out):
         why = skipped.read_text().strip() if skipped.exists() else "not run"
         return ["## Cross-activity batching", "", why, ""]
     d, z = d or {}, z or {}
+    n = load(out / "batching-null.json") or {}
     w = d.get("workflows") or z.get("workflows")
     return [
         "## Cross-activity batching (gpulane on `cpu-tools`, real dev server)"
@@ -106,6 +107,7 @@ def batching_section(out):
         f"| {d.get('label', 'default')} | {fmt(d.get('activities_per_s'))} | {fmt(d.get('latency_p50_s'))} | {fmt(d.get('latency_p95_s'))} |",
         f"| {z.get('label', '0 ms (off)')} | {fmt(z.get('activities_per_s'))} | {fmt(z.get('latency_p50_s'))} | {fmt(z.get('latency_p95_s'))} |",
         f"| **batched ÷ unbatched** | {ratio(d.get('activities_per_s'), z.get('activities_per_s'))} | | |",
+        f"| no-op worker (harness ceiling) | {fmt(n.get('activities_per_s'))} | {fmt(n.get('latency_p50_s'))} | {fmt(n.get('latency_p95_s'))} |",
         "",
     ]
 
@@ -116,13 +118,15 @@ def e2e_section(out):
     # Big activities first, as in the issue; then any other load someone added.
     for tag in sorted(tags, key=lambda t: (t != "40x32", t != "200x1", t)):
         g, p = load(out / f"e2e-gpulane-{tag}.json") or {}, load(out / f"e2e-py-{tag}.json") or {}
-        any_ = g or p
+        n = load(out / f"e2e-null-{tag}.json") or {}
+        any_ = g or p or n
         rows.append(
             f"| {any_.get('workflows')} × {any_.get('texts_per_activity')} texts "
             f"| {fmt(g.get('activities_per_s'))} / {fmt(g.get('sentences_per_s'))} "
             f"| {fmt(p.get('activities_per_s'))} / {fmt(p.get('sentences_per_s'))} "
             f"| {ratio(g.get('sentences_per_s'), p.get('sentences_per_s'))} "
-            f"| {fmt(g.get('latency_p50_s'))} / {fmt(p.get('latency_p50_s'))} |"
+            f"| {fmt(g.get('latency_p50_s'))} / {fmt(p.get('latency_p50_s'))} "
+            f"| {fmt(n.get('activities_per_s'))} / {fmt(n.get('sentences_per_s'))} |"
         )
     if not rows:
         return ["## End to end", "", "not run", ""]
@@ -133,10 +137,10 @@ def e2e_section(out):
         "",
         f"gpulane: {info.get('gpulane', '?')}. Python worker: {info.get('py_worker', '?')}. "
         f"Median of {info.get('rounds', '?')} rounds; the load driver (also the workflow worker) "
-        "shares the machine.",
+        "shares the machine. The no-op worker answers at once: no worker can beat it on this load.",
         "",
-        "| load (concurrent workflows × texts) | gpulane activities/s / sentences/s | Python worker activities/s / sentences/s | gpulane ÷ Python | p50 latency s (gpulane / Python) |",
-        "|---|---|---|---|---|",
+        "| load (concurrent workflows × texts) | gpulane activities/s / sentences/s | Python worker activities/s / sentences/s | gpulane ÷ Python | p50 latency s (gpulane / Python) | no-op worker (harness ceiling) activities/s / sentences/s |",
+        "|---|---|---|---|---|---|",
     ] + rows + [""]
 
 
