@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use base64::Engine as _;
-use gpulane_models::{EmbedOptions, Engine, ModelKind};
+use gpulane_models::{EmbedOptions, Engine, ModelKind, Progress};
 use gpulane_proto::{
     activity, DeviceInfo, EmbedRequest, EmbedResponse, EmbeddingsOut, RerankRequest,
     RerankResponse, RerankResult, Usage,
@@ -138,19 +138,25 @@ impl DeviceActivities {
         &self.inner.device
     }
 
-    /// Runs `activity_type` on a JSON `input` and returns the JSON output.
-    pub async fn run(&self, activity_type: &str, input: &[u8]) -> Result<Vec<u8>, ActivityError> {
+    /// Runs `activity_type` on a JSON `input` and returns the JSON output. `progress`
+    /// counts the texts (or documents) done, for heartbeats.
+    pub async fn run(
+        &self,
+        activity_type: &str,
+        input: &[u8],
+        progress: &Progress,
+    ) -> Result<Vec<u8>, ActivityError> {
         match activity_type {
             activity::EMBED => {
                 let req = parse_embed(input, &self.inner.limits)?;
-                let out = self.embed(req).await?;
+                let out = self.embed(req, progress).await?;
                 let json =
                     serde_json::to_vec(&out).expect("embed response serializes; this is a bug");
                 self.check_size(json, "send fewer texts per call, ask for \"encoding\": \"base64\" (about 3x smaller), or fewer \"dimensions\"")
             }
             activity::RERANK => {
                 let req = parse_rerank(input, &self.inner.limits)?;
-                let out = self.rerank(req).await?;
+                let out = self.rerank(req, progress).await?;
                 let json =
                     serde_json::to_vec(&out).expect("rerank response serializes; this is a bug");
                 self.check_size(json, "send fewer documents per call, set \"top_n\", or leave \"return_documents\" off")
@@ -175,7 +181,11 @@ impl DeviceActivities {
     }
 
     /// The `embed` activity on an already-validated request.
-    pub async fn embed(&self, req: EmbedRequest) -> Result<EmbedResponse, ActivityError> {
+    pub async fn embed(
+        &self,
+        req: EmbedRequest,
+        progress: &Progress,
+    ) -> Result<EmbedResponse, ActivityError> {
         let engine = self
             .inner
             .models
@@ -212,7 +222,7 @@ impl DeviceActivities {
             normalize: Some(normalize),
             truncate: req.truncate.unwrap_or(true),
         };
-        let out = engine.embed(texts, opts).await?;
+        let out = engine.embed(texts, opts, progress).await?;
         let mut vectors = out.vectors;
         if dimensions < full {
             for v in &mut vectors {
@@ -251,7 +261,11 @@ impl DeviceActivities {
 
     /// The `rerank` activity on an already-validated request: results sorted by score,
     /// highest first, cut to `top_n`.
-    pub async fn rerank(&self, req: RerankRequest) -> Result<RerankResponse, ActivityError> {
+    pub async fn rerank(
+        &self,
+        req: RerankRequest,
+        progress: &Progress,
+    ) -> Result<RerankResponse, ActivityError> {
         let engine = self
             .inner
             .models
@@ -264,7 +278,7 @@ impl DeviceActivities {
         } else {
             (req.documents, None)
         };
-        let scored = engine.score(req.query, documents).await?;
+        let scored = engine.score(req.query, documents, progress).await?;
         let mut results: Vec<RerankResult> = scored
             .logits
             .iter()

@@ -1,12 +1,8 @@
-//! The transformer encoders gpulane runs, behind one forward signature: BERT and
-//! XLM-RoBERTa (multilingual-e5, bge-m3's dense encoder, bge-reranker). Chosen by
-//! config.json's `model_type`, never by the model's name.
+//! The encoder families gpulane runs, BERT and XLM-RoBERTa (multilingual-e5, bge-m3's
+//! dense encoder, bge-reranker), chosen by config.json's `model_type`, never by the
+//! model's name: what differs between them outside the forward pass (tokenizer
+//! alignment, usable positions). The forward pass itself is `encoder`.
 
-use std::path::Path;
-
-use candle_core::Tensor;
-use candle_nn::VarBuilder;
-use candle_transformers::models::{bert, xlm_roberta};
 use serde_json::Value;
 use tokenizers::{
     pre_tokenizers::{sequence::Sequence, whitespace::WhitespaceSplit, PreTokenizerWrapper},
@@ -75,62 +71,5 @@ impl Family {
             ]);
             tok.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(seq)));
         }
-    }
-}
-
-/// A loaded encoder.
-pub(crate) enum Backbone {
-    Bert(bert::BertModel),
-    XlmRoberta(xlm_roberta::XLMRobertaModel),
-}
-
-fn parse<T: for<'de> serde::Deserialize<'de>>(config: Value, path: &Path) -> Result<T, ModelError> {
-    serde_json::from_value(config).map_err(|source| ModelError::Json {
-        path: path.join("config.json"),
-        source,
-    })
-}
-
-/// config.json as candle's XLM-R config wants it: transformers writes
-/// `position_embedding_type: null` (or leaves it out) for the default "absolute".
-pub(crate) fn xlmr_config(config: &Value, path: &Path) -> Result<xlm_roberta::Config, ModelError> {
-    let mut c = config.clone();
-    if c["position_embedding_type"].is_null() {
-        c["position_embedding_type"] = Value::from("absolute");
-    }
-    parse(c, path)
-}
-
-impl Backbone {
-    /// Loads the encoder of `family` from `vb` (already at the encoder's prefix).
-    pub(crate) fn load(
-        family: Family,
-        config: &Value,
-        vb: VarBuilder,
-        path: &Path,
-    ) -> Result<Self, ModelError> {
-        Ok(match family {
-            Family::Bert => {
-                let cfg: bert::Config = parse(config.clone(), path)?;
-                Backbone::Bert(bert::BertModel::load(vb, &cfg)?)
-            }
-            Family::XlmRoberta => {
-                let cfg = xlmr_config(config, path)?;
-                Backbone::XlmRoberta(xlm_roberta::XLMRobertaModel::new(&cfg, vb)?)
-            }
-        })
-    }
-
-    /// Token vectors `[batch, seq, hidden]` for `ids` / `types` / `mask` (`[batch, seq]`).
-    pub(crate) fn forward(
-        &self,
-        ids: &Tensor,
-        types: &Tensor,
-        mask: &Tensor,
-    ) -> Result<Tensor, ModelError> {
-        Ok(match self {
-            Backbone::Bert(m) => m.forward(ids, types, Some(mask))?,
-            Backbone::XlmRoberta(m) => m.forward(ids, mask, types, None, None, None)?,
-        })
     }
 }

@@ -4,14 +4,15 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Module};
 use candle_nn::{linear, Linear, VarBuilder};
-use candle_transformers::models::{bert, xlm_roberta};
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::{
-    backbone::{truncate_at, xlmr_config, Family},
+    backbone::{truncate_at, Family},
+    encoder::Encoder,
+    batcher::{run_now, BatchLimits, Forward, Row},
     st_dir::{count_parameters, default_batch_tokens, read_json, working_bytes, MAX_BATCH_ROWS},
     ModelError,
 };
@@ -58,22 +59,20 @@ pub struct Scores {
     pub token_counts: Vec<usize>,
 }
 
-enum Head {
-    Bert {
-        bert: bert::BertModel,
-        pooler: Linear,
-        classifier: Linear,
-    },
-    XlmRoberta(xlm_roberta::XLMRobertaForSequenceClassification),
+/// The classification head on the first token: a tanh dense layer, then one logit.
+/// BERT calls them `bert.pooler.dense` and `classifier`, XLM-R `classifier.dense` and
+/// `classifier.out_proj`.
+struct Head {
+    dense: Linear,
+    out: Linear,
 }
 
 /// A cross-encoder loaded on one device. Blocking: call it from an engine thread.
 pub struct CrossEncoder {
+    encoder: Encoder,
     head: Head,
     tokenizer: Tokenizer,
-    pad_id: u32,
     info: CrossEncoderInfo,
-    device: Device,
 }
 
 fn missing(path: PathBuf) -> ModelError {
@@ -124,36 +123,27 @@ impl CrossEncoder {
         let parameters = count_parameters(&weights)?;
         // SAFETY: see Embedder::load; the file is mapped read-only.
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[weights], dtype, device)? };
+        let h = config["hidden_size"].as_u64().unwrap_or(0) as usize;
         let head = match (family, architecture.as_str()) {
-            (Some(Family::Bert), "BertForSequenceClassification") => {
-                let cfg: bert::Config =
-                    serde_json::from_value(config.clone()).map_err(|source| ModelError::Json {
-                        path: dir.join("config.json"),
-                        source,
-                    })?;
-                let h = cfg.hidden_size;
-                Head::Bert {
-                    bert: bert::BertModel::load(vb.pp("bert"), &cfg)?,
-                    pooler: linear(h, h, vb.pp("bert.pooler.dense"))?,
-                    classifier: linear(h, 1, vb.pp("classifier"))?,
-                }
-            }
-            (Some(Family::XlmRoberta), "XLMRobertaForSequenceClassification") => {
-                let cfg = xlmr_config(&config, dir)?;
-                Head::XlmRoberta(xlm_roberta::XLMRobertaForSequenceClassification::new(
-                    1, &cfg, vb,
-                )?)
-            }
+            (Some(Family::Bert), "BertForSequenceClassification") => Head {
+                dense: linear(h, h, vb.pp("bert.pooler.dense"))?,
+                out: linear(h, 1, vb.pp("classifier"))?,
+            },
+            (Some(Family::XlmRoberta), "XLMRobertaForSequenceClassification") => Head {
+                dense: linear(h, h, vb.pp("classifier.dense"))?,
+                out: linear(h, 1, vb.pp("classifier.out_proj"))?,
+            },
             _ => {
                 return Err(unsupported(format!(
                     "architecture {architecture:?}; rerankers are BertForSequenceClassification or XLMRobertaForSequenceClassification"
                 )))
             }
         };
+        let encoder = Encoder::load(&config, vb, dir)?;
         Ok(Self {
+            encoder,
             head,
             tokenizer,
-            pad_id: config["pad_token_id"].as_u64().unwrap_or(0) as u32,
             info: CrossEncoderInfo {
                 architecture,
                 max_length,
@@ -162,7 +152,6 @@ impl CrossEncoder {
                 intermediate_size: config["intermediate_size"].as_u64().unwrap_or(0) as usize,
                 num_heads: config["num_attention_heads"].as_u64().unwrap_or(1) as usize,
             },
-            device: device.clone(),
         })
     }
 
@@ -171,65 +160,59 @@ impl CrossEncoder {
         &self.info
     }
 
-    /// Scores each document against `query`.
-    pub fn score(&self, query: &str, documents: &[String]) -> Result<Scores, ModelError> {
+    /// Tokenizes (query, document) pairs into rows, truncated longest side first.
+    pub(crate) fn encode(&self, query: &str, documents: &[String]) -> Result<Vec<Row>, ModelError> {
         let pairs: Vec<(&str, &str)> = documents.iter().map(|d| (query, d.as_str())).collect();
         let enc = self
             .tokenizer
             .encode_batch(pairs, true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        let mut order: Vec<usize> = (0..enc.len()).collect();
-        order.sort_by_key(|&i| enc[i].get_ids().len());
-        let mut logits = vec![0f32; enc.len()];
-        for chunk in order.chunks(MAX_BATCH_ROWS) {
-            let width = chunk
-                .iter()
-                .map(|&i| enc[i].get_ids().len())
-                .max()
-                .unwrap_or(0);
-            let rows = chunk.len();
-            let (mut ids, mut types, mut mask) = (
-                Vec::with_capacity(rows * width),
-                Vec::with_capacity(rows * width),
-                Vec::with_capacity(rows * width),
-            );
-            for &i in chunk {
-                let e = &enc[i];
-                let pad = width - e.get_ids().len();
-                ids.extend_from_slice(e.get_ids());
-                ids.extend(std::iter::repeat_n(self.pad_id, pad));
-                types.extend_from_slice(e.get_type_ids());
-                types.extend(std::iter::repeat_n(0u32, pad));
-                mask.extend(std::iter::repeat_n(1u32, e.get_ids().len()));
-                mask.extend(std::iter::repeat_n(0u32, pad));
-            }
-            let ids = Tensor::from_vec(ids, (rows, width), &self.device)?;
-            let types = Tensor::from_vec(types, (rows, width), &self.device)?;
-            let mask = Tensor::from_vec(mask, (rows, width), &self.device)?;
-            let out = match &self.head {
-                Head::Bert {
-                    bert,
-                    pooler,
-                    classifier,
-                } => {
-                    let hidden = bert.forward(&ids, &types, Some(&mask))?;
-                    let cls = hidden.narrow(1, 0, 1)?.squeeze(1)?;
-                    classifier.forward(&pooler.forward(&cls)?.tanh()?)?
-                }
-                Head::XlmRoberta(m) => m.forward(&ids, &mask, &types)?,
-            };
-            let out: Vec<f32> = out
-                .to_dtype(DType::F32)?
-                .to_device(&Device::Cpu)?
-                .flatten_all()?
-                .to_vec1()?;
-            for (&i, v) in chunk.iter().zip(out) {
-                logits[i] = v;
-            }
+        Ok(enc
+            .into_iter()
+            .map(|e| Row {
+                ids: e.get_ids().to_vec(),
+                types: e.get_type_ids().to_vec(),
+            })
+            .collect())
+    }
+
+    /// The default batch budget for this model (the engine may set another row count).
+    pub(crate) fn limits(&self, rows: usize, wait: std::time::Duration) -> BatchLimits {
+        BatchLimits {
+            rows,
+            tokens: default_batch_tokens(self.info.max_length),
+            wait,
         }
-        Ok(Scores {
-            logits,
-            token_counts: enc.iter().map(|e| e.get_ids().len()).collect(),
-        })
+    }
+
+    /// Scores each document against `query` on the calling thread.
+    pub fn score(&self, query: &str, documents: &[String]) -> Result<Scores, ModelError> {
+        let rows = self.encode(query, documents)?;
+        let token_counts = rows.iter().map(Row::len).collect();
+        let limits = self.limits(MAX_BATCH_ROWS, std::time::Duration::ZERO);
+        let out = run_now(self, &limits, rows)?;
+        Ok(Scores::from_rows(out, token_counts))
+    }
+}
+
+impl Scores {
+    /// One call's batcher output (one single-logit row per pair) as scores.
+    pub(crate) fn from_rows(rows: Vec<Vec<f32>>, token_counts: Vec<usize>) -> Self {
+        Scores {
+            logits: rows.into_iter().map(|r| r[0]).collect(),
+            token_counts,
+        }
+    }
+}
+
+impl Forward for CrossEncoder {
+    /// One single-logit row per pair.
+    fn forward(&self, batch: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let cls = self.encoder.forward(batch)?.first_tokens()?;
+        let logits = self.head.out.forward(&self.head.dense.forward(&cls)?.tanh()?)?;
+        Ok(logits
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?
+            .to_vec2()?)
     }
 }

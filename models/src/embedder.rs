@@ -1,11 +1,13 @@
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use tokenizers::Tokenizer;
 
 use crate::{
-    backbone::{truncate_at, Backbone},
+    backbone::truncate_at,
+    batcher::{run_now, BatchLimits, Forward, Row},
+    encoder::Encoder,
     pooling::l2_normalize,
     st_dir::{SentenceTransformerDir, MAX_BATCH_ROWS},
     ModelError, ModelInfo,
@@ -41,14 +43,12 @@ pub struct Embeddings {
 /// A sentence-transformers BERT embedder loaded on one device. Blocking: call it from the
 /// engine thread, never from the async runtime.
 pub struct Embedder {
-    model: Backbone,
+    model: Encoder,
     /// Encodes with truncation at `max_seq_length`.
     truncating: Tokenizer,
     /// Encodes without truncation, to measure and refuse over-long texts.
     whole: Tokenizer,
-    pad_id: u32,
     info: ModelInfo,
-    device: Device,
 }
 
 impl Embedder {
@@ -86,14 +86,12 @@ impl Embedder {
         // serving, and a user who rewrites them underneath a running worker gets garbage
         // embeddings, not memory unsafety in practice (candle copies into tensors).
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[weights], dtype, device)? };
-        let model = Backbone::load(st.family, &st.config, vb, dir)?;
+        let model = Encoder::load(&st.config, vb, dir)?;
         Ok(Self {
             model,
             truncating,
             whole,
-            pad_id: st.pad_id,
             info: st.info,
-            device: device.clone(),
         })
     }
 
@@ -107,7 +105,9 @@ impl Embedder {
         &self.info
     }
 
-    fn encode(&self, texts: &[String], truncate: bool) -> Result<Vec<Vec<u32>>, ModelError> {
+    /// Tokenizes `texts` into rows, truncated at the model's limit when `truncate`, or
+    /// refused with [`ModelError::TextTooLong`] when a text is over it and not `truncate`.
+    pub(crate) fn encode(&self, texts: &[String], truncate: bool) -> Result<Vec<Row>, ModelError> {
         let tok = if truncate {
             &self.truncating
         } else {
@@ -119,70 +119,62 @@ impl Embedder {
         let encodings = tok
             .encode_batch(inputs, true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        let ids: Vec<Vec<u32>> = encodings
+        let rows: Vec<Row> = encodings
             .into_iter()
-            .map(|e| e.get_ids().to_vec())
+            .map(|e| Row::single(e.get_ids().to_vec()))
             .collect();
         let limit = self.info.max_seq_length;
-        if let Some((index, t)) = ids.iter().enumerate().find(|(_, t)| t.len() > limit) {
+        if let Some((index, t)) = rows.iter().enumerate().find(|(_, t)| t.len() > limit) {
             return Err(ModelError::TextTooLong {
                 index,
                 tokens: t.len(),
                 limit,
             });
         }
-        Ok(ids)
+        Ok(rows)
     }
 
-    /// Embeds `texts`, in input order.
+    /// The default batch budget for this model (the engine may set another row count).
+    pub(crate) fn limits(&self, rows: usize, wait: std::time::Duration) -> BatchLimits {
+        BatchLimits {
+            rows,
+            tokens: self.info.max_batch_tokens(),
+            wait,
+        }
+    }
+
+    /// Embeds `texts`, in input order, on the calling thread (no cross-call batching:
+    /// that is the [`crate::Engine`]'s job).
     pub fn embed(&self, texts: &[String], opts: EmbedOptions) -> Result<Embeddings, ModelError> {
-        let ids = self.encode(texts, opts.truncate)?;
-        let normalize = opts.normalize.unwrap_or(self.info.normalize);
-        let mut order: Vec<usize> = (0..ids.len()).collect();
-        // Length-sorted batches waste less compute on padding.
-        order.sort_by_key(|&i| ids[i].len());
-        let mut vectors = vec![Vec::new(); ids.len()];
-        let mut start = 0;
-        while start < order.len() {
-            let mut end = start + 1;
-            while end < order.len()
-                && end - start < MAX_BATCH_ROWS
-                && (end - start + 1) * ids[order[end]].len() <= self.info.max_batch_tokens()
-            {
-                end += 1;
-            }
-            let batch: Vec<&[u32]> = order[start..end].iter().map(|&i| &ids[i][..]).collect();
-            let out = self.forward(&batch, normalize)?;
-            for (row, &i) in out.into_iter().zip(&order[start..end]) {
-                vectors[i] = row;
-            }
-            start = end;
-        }
-        Ok(Embeddings {
-            vectors,
-            token_counts: ids.iter().map(Vec::len).collect(),
-        })
+        let rows = self.encode(texts, opts.truncate)?;
+        let token_counts = rows.iter().map(Row::len).collect();
+        let limits = self.limits(MAX_BATCH_ROWS, std::time::Duration::ZERO);
+        let vectors = run_now(self, &limits, rows)?;
+        Ok(self.finish(vectors, token_counts, opts))
     }
 
-    fn forward(&self, batch: &[&[u32]], normalize: bool) -> Result<Vec<Vec<f32>>, ModelError> {
-        let width = batch.iter().map(|t| t.len()).max().unwrap_or(0);
-        let rows = batch.len();
-        let mut input = Vec::with_capacity(rows * width);
-        let mut mask = Vec::with_capacity(rows * width);
-        for t in batch {
-            input.extend_from_slice(t);
-            input.extend(std::iter::repeat_n(self.pad_id, width - t.len()));
-            mask.extend(std::iter::repeat_n(1u32, t.len()));
-            mask.extend(std::iter::repeat_n(0u32, width - t.len()));
+    /// Pooled vectors of one call into its result: normalized when the call or the
+    /// model's pipeline asks.
+    pub(crate) fn finish(
+        &self,
+        mut vectors: Vec<Vec<f32>>,
+        token_counts: Vec<usize>,
+        opts: EmbedOptions,
+    ) -> Embeddings {
+        if opts.normalize.unwrap_or(self.info.normalize) {
+            vectors.iter_mut().for_each(|v| l2_normalize(v));
         }
-        let input = Tensor::from_vec(input, (rows, width), &self.device)?;
-        let mask = Tensor::from_vec(mask, (rows, width), &self.device)?;
-        let types = input.zeros_like()?;
-        let hidden = self.model.forward(&input, &types, &mask)?;
-        let mut pooled = self.info.pooling.pool(&hidden, &mask)?;
-        if normalize {
-            pooled = l2_normalize(&pooled)?;
+        Embeddings {
+            vectors,
+            token_counts,
         }
+    }
+}
+
+impl Forward for Embedder {
+    /// Pooled, unnormalized vectors, one per row.
+    fn forward(&self, batch: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let pooled = self.model.forward(batch)?.pool(self.info.pooling)?;
         Ok(pooled.to_device(&Device::Cpu)?.to_vec2()?)
     }
 }

@@ -1,11 +1,18 @@
-use std::{path::Path, sync::Arc, thread};
+use std::{
+    path::Path,
+    sync::{mpsc, Arc},
+    thread,
+    time::Instant,
+};
 
 use candle_core::{DType, Device};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::{
-    st_dir::read_json, CrossEncoder, CrossEncoderInfo, EmbedOptions, Embedder, Embeddings,
-    ModelError, ModelInfo, Scores,
+    batcher::{self, Forward, Progress, Request, Row},
+    st_dir::{read_json, MAX_BATCH_ROWS},
+    CrossEncoder, CrossEncoderInfo, EmbedOptions, Embedder, Embeddings, ModelError, ModelInfo,
+    Scores,
 };
 
 /// Where an engine runs its model.
@@ -77,37 +84,31 @@ impl ModelKind {
     }
 }
 
-// Boxed: the two differ a lot in size and one lives per engine thread.
+/// The loaded model, shared by the engine thread (forward passes) and the handles
+/// (tokenizing on the blocking pool, finishing results).
 enum Loaded {
-    Embedder(Box<Embedder>),
-    CrossEncoder(Box<CrossEncoder>),
+    Embedder(Embedder),
+    CrossEncoder(CrossEncoder),
 }
 
-enum Work {
-    Embed {
-        texts: Vec<String>,
-        opts: EmbedOptions,
-        reply: oneshot::Sender<Result<Embeddings, ModelError>>,
-    },
-    Score {
-        query: String,
-        documents: Vec<String>,
-        reply: oneshot::Sender<Result<Scores, ModelError>>,
-    },
-}
-
-struct Job {
-    work: Work,
-    span: tracing::Span,
+impl Forward for Loaded {
+    fn forward(&self, rows: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
+        match self {
+            Loaded::Embedder(m) => m.forward(rows),
+            Loaded::CrossEncoder(m) => m.forward(rows),
+        }
+    }
 }
 
 /// One loaded model on one device, owned by a thread of its own so that inference never
-/// blocks the async runtime. Clones share the thread; it stops when the last clone drops.
+/// blocks the async runtime. Concurrent calls are batched together (see the batcher
+/// module). Clones share the thread; it stops when the last clone drops.
 #[derive(Clone)]
 pub struct Engine {
     name: Arc<str>,
     kind: Arc<ModelKind>,
-    jobs: mpsc::Sender<Job>,
+    model: Arc<Loaded>,
+    queue: mpsc::Sender<Request>,
 }
 
 /// A cross-encoder's config.json names a `*ForSequenceClassification` architecture;
@@ -132,63 +133,37 @@ impl Engine {
             EngineDevice::Cpu => Device::Cpu,
             EngineDevice::Cuda(ordinal) => Device::new_cuda(*ordinal)?,
         };
-        let (model, kind) = if is_cross_encoder(dir)? {
+        let rows = opts.batch_rows.unwrap_or(MAX_BATCH_ROWS).max(1);
+        let (model, kind, limits) = if is_cross_encoder(dir)? {
             let m = CrossEncoder::load(dir, &device, opts.dtype)?;
             let kind = ModelKind::CrossEncoder(m.info().clone());
-            (Loaded::CrossEncoder(Box::new(m)), kind)
+            let mut limits = m.limits(rows, opts.batch_wait);
+            if let Some(t) = opts.batch_tokens {
+                limits.tokens = t;
+            }
+            (Loaded::CrossEncoder(m), kind, limits)
         } else {
             let mut m = Embedder::load(dir, &device, opts.dtype)?;
             if let Some(t) = opts.batch_tokens {
                 m.set_batch_tokens(t);
             }
             let kind = ModelKind::Embedder(m.info().clone());
-            (Loaded::Embedder(Box::new(m)), kind)
+            let limits = m.limits(rows, opts.batch_wait);
+            (Loaded::Embedder(m), kind, limits)
         };
-        // A short queue: activities wait here for the model, already holding their slot.
-        let (tx, mut rx) = mpsc::channel::<Job>(64);
+        let model = Arc::new(model);
+        // Unbounded: the runtime's slots bound how many calls can be waiting.
+        let (tx, rx) = mpsc::channel::<Request>();
+        let on_thread = model.clone();
         thread::Builder::new()
             .name(format!("engine-{name}"))
-            .spawn(move || {
-                while let Some(job) = rx.blocking_recv() {
-                    let _enter = job.span.enter();
-                    // A caller that gave up (cancelled, timed out) no longer waits: skip it.
-                    match (job.work, &model) {
-                        (Work::Embed { texts, opts, reply }, Loaded::Embedder(m)) => {
-                            if !reply.is_closed() {
-                                let _ =
-                                    reply.send(m.embed(&texts, opts).map_err(ModelError::classify));
-                            }
-                        }
-                        (
-                            Work::Score {
-                                query,
-                                documents,
-                                reply,
-                            },
-                            Loaded::CrossEncoder(m),
-                        ) => {
-                            if !reply.is_closed() {
-                                let _ = reply.send(
-                                    m.score(&query, &documents).map_err(ModelError::classify),
-                                );
-                            }
-                        }
-                        (Work::Embed { reply, .. }, _) => {
-                            let _ = reply
-                                .send(Err(ModelError::WrongKind("a cross-encoder cannot embed")));
-                        }
-                        (Work::Score { reply, .. }, _) => {
-                            let _ =
-                                reply.send(Err(ModelError::WrongKind("an embedder cannot rerank")));
-                        }
-                    }
-                }
-            })
+            .spawn(move || batcher::serve(&*on_thread, limits, rx))
             .map_err(ModelError::Spawn)?;
         Ok(Self {
             name: name.into(),
             kind: Arc::new(kind),
-            jobs: tx,
+            model,
+            queue: tx,
         })
     }
 
@@ -202,40 +177,79 @@ impl Engine {
         &self.kind
     }
 
-    async fn submit<T>(
+    /// Tokenizes on the blocking pool (it can take a while for big calls, and it runs in
+    /// parallel with the engine thread's forward passes), then queues the rows.
+    async fn submit(
         &self,
-        make: impl FnOnce(oneshot::Sender<Result<T, ModelError>>) -> Work,
-    ) -> Result<T, ModelError> {
-        let (reply, rx) = oneshot::channel();
-        let job = Job {
-            work: make(reply),
-            span: tracing::Span::current(),
-        };
-        self.jobs
-            .send(job)
+        encode: impl FnOnce(&Loaded) -> Result<Vec<Row>, ModelError> + Send + 'static,
+        progress: &Progress,
+    ) -> Result<(Vec<Vec<f32>>, Vec<usize>), ModelError> {
+        let model = self.model.clone();
+        let rows = tokio::task::spawn_blocking(move || encode(&model))
             .await
+            .map_err(|e| ModelError::Tokenizer(format!("tokenizing panicked: {e}")))??;
+        let token_counts = rows.iter().map(Row::len).collect();
+        let (reply, rx) = oneshot::channel();
+        let request = Request {
+            rows,
+            reply,
+            progress: progress.clone(),
+            span: tracing::Span::current(),
+            arrived: Instant::now(),
+        };
+        self.queue
+            .send(request)
             .map_err(|_| ModelError::EngineStopped)?;
-        rx.await.map_err(|_| ModelError::EngineStopped)?
+        let out = rx.await.map_err(|_| ModelError::EngineStopped)??;
+        Ok((out, token_counts))
     }
 
-    /// Embeds `texts` on the engine thread. Dropping the future abandons the call; if the
-    /// engine has not started it, it never runs.
+    /// Embeds `texts`, batched with other concurrent calls. `progress` counts finished
+    /// texts. Dropping the future abandons the call: its texts leave the engine's queue.
     pub async fn embed(
         &self,
         texts: Vec<String>,
         opts: EmbedOptions,
+        progress: &Progress,
     ) -> Result<Embeddings, ModelError> {
-        self.submit(|reply| Work::Embed { texts, opts, reply })
-            .await
+        if !matches!(*self.model, Loaded::Embedder(_)) {
+            return Err(ModelError::WrongKind("a cross-encoder cannot embed"));
+        }
+        let (vectors, counts) = self
+            .submit(
+                move |m| match m {
+                    Loaded::Embedder(e) => e.encode(&texts, opts.truncate),
+                    Loaded::CrossEncoder(_) => unreachable!("checked above"),
+                },
+                progress,
+            )
+            .await?;
+        match &*self.model {
+            Loaded::Embedder(e) => Ok(e.finish(vectors, counts, opts)),
+            Loaded::CrossEncoder(_) => unreachable!("checked above"),
+        }
     }
 
-    /// Scores `documents` against `query` on the engine thread (cross-encoders only).
-    pub async fn score(&self, query: String, documents: Vec<String>) -> Result<Scores, ModelError> {
-        self.submit(|reply| Work::Score {
-            query,
-            documents,
-            reply,
-        })
-        .await
+    /// Scores `documents` against `query` (cross-encoders only), batched with other
+    /// concurrent calls; `progress` counts finished documents.
+    pub async fn score(
+        &self,
+        query: String,
+        documents: Vec<String>,
+        progress: &Progress,
+    ) -> Result<Scores, ModelError> {
+        if !matches!(*self.model, Loaded::CrossEncoder(_)) {
+            return Err(ModelError::WrongKind("an embedder cannot rerank"));
+        }
+        let (rows, counts) = self
+            .submit(
+                move |m| match m {
+                    Loaded::CrossEncoder(c) => c.encode(&query, &documents),
+                    Loaded::Embedder(_) => unreachable!("checked above"),
+                },
+                progress,
+            )
+            .await?;
+        Ok(Scores::from_rows(rows, counts))
     }
 }

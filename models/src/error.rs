@@ -76,6 +76,17 @@ impl ModelError {
         )
     }
 
+    /// The same failure for another call of a failed batch: the same variant where it
+    /// matters to the caller (out of memory, stopped), otherwise a retryable tensor error
+    /// with the same text.
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            ModelError::OutOfMemory(m) => ModelError::OutOfMemory(m.clone()),
+            ModelError::EngineStopped => ModelError::EngineStopped,
+            other => ModelError::Candle(candle_core::Error::Msg(other.to_string())),
+        }
+    }
+
     /// Recognises a device out-of-memory inside a tensor-library error, so that it is
     /// reported as [`ModelError::OutOfMemory`] (CUDA says `CUDA_ERROR_OUT_OF_MEMORY`).
     pub fn classify(self) -> Self {

@@ -6,14 +6,18 @@
 #![warn(missing_docs)]
 
 mod backbone;
+mod batcher;
 mod cross_encoder;
 mod embedder;
+mod encoder;
 mod engine;
 mod error;
+mod kernels;
 mod pooling;
 mod st_dir;
 
 pub use crate::{
+    batcher::Progress,
     cross_encoder::{CrossEncoder, CrossEncoderInfo, Scores},
     embedder::{EmbedOptions, Embedder, Embeddings},
     engine::{Engine, EngineDevice, EngineOptions, ModelKind},

@@ -1,5 +1,6 @@
 use candle_core::{DType, Tensor, D};
 
+
 use crate::ModelError;
 
 /// How token vectors become one text vector, as sentence-transformers'
@@ -56,15 +57,11 @@ impl Pooling {
     }
 }
 
-/// Scales each row of `x` (`[batch, dim]`) to unit L2 norm, as sentence-transformers'
-/// `Normalize` module does (it clamps the norm at 1e-12).
-pub(crate) fn l2_normalize(x: &Tensor) -> Result<Tensor, ModelError> {
-    let norm = x
-        .sqr()?
-        .sum_keepdim(D::Minus1)?
-        .sqrt()?
-        .clamp(1e-12f32, f32::MAX)?;
-    Ok(x.broadcast_div(&norm)?)
+/// Scales `v` to unit L2 norm, as sentence-transformers' `Normalize` module does (it
+/// clamps the norm at 1e-12, so an all-zero vector stays zero instead of NaN).
+pub(crate) fn l2_normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    v.iter_mut().for_each(|x| *x /= norm);
 }
 
 #[cfg(test)]
@@ -120,9 +117,11 @@ mod tests {
 
     #[test]
     fn normalize_gives_unit_rows_and_keeps_zero_rows_finite() {
-        let x = Tensor::new(&[[3f32, 4.], [0., 0.]], &Device::Cpu).unwrap();
-        let out = rows(l2_normalize(&x).unwrap());
-        assert_eq!(out[0], vec![0.6, 0.8]);
-        assert_eq!(out[1], vec![0., 0.]);
+        let mut a = [3f32, 4.];
+        let mut zero = [0f32, 0.];
+        l2_normalize(&mut a);
+        l2_normalize(&mut zero);
+        assert_eq!(a, [0.6, 0.8]);
+        assert_eq!(zero, [0., 0.]);
     }
 }

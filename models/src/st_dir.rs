@@ -16,7 +16,6 @@ pub struct SentenceTransformerDir {
     pub info: ModelInfo,
     pub(crate) family: Family,
     pub(crate) config: serde_json::Value,
-    pub(crate) pad_id: u32,
 }
 
 /// A loaded model's description, as `gpulane models` and activity results show it.
@@ -274,7 +273,6 @@ impl SentenceTransformerDir {
             prompts: Default::default(),
             batch_tokens: default_batch_tokens(max_seq_length),
         };
-        let pad_id = config["pad_token_id"].as_u64().unwrap_or(0) as u32;
         let st_config = path.join("config_sentence_transformers.json");
         let mut info = info;
         if st_config.is_file() {
@@ -291,7 +289,6 @@ impl SentenceTransformerDir {
             info,
             family,
             config,
-            pad_id,
         })
     }
 }

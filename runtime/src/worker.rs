@@ -9,6 +9,7 @@ use std::{
 };
 
 use gpulane_activities::DeviceActivities;
+use gpulane_models::Progress;
 use temporalio_common::protos::coresdk::{
     activity_result::ActivityExecutionResult,
     activity_task::{activity_task::Variant, ActivityCancelReason, Start},
@@ -109,24 +110,30 @@ async fn execute(
         .and_then(|d| Duration::try_from(d).ok())
         .filter(|d| !d.is_zero())
         .map_or(DEFAULT_HEARTBEAT, |d| d / 2);
+    let progress = Progress::default();
     let heartbeats = {
         let worker = worker.clone();
         let token = token.clone();
+        let progress = progress.clone();
         async move {
             let mut tick = tokio::time::interval(heartbeat_every);
             tick.tick().await;
             loop {
                 tick.tick().await;
+                // Details show in the UI and `describe`; a long call's count shows it moves.
+                let details = serde_json::json!({ "done": progress.done() });
                 worker.record_activity_heartbeat(ActivityHeartbeat {
                     task_token: token.clone(),
-                    details: vec![],
+                    details: vec![json_payload(details.to_string().into_bytes())],
                 });
             }
         }
     };
     let work = async {
         let input = input_json(&start.input)?;
-        activities.run(&start.activity_type, input).await
+        activities
+            .run(&start.activity_type, input, &progress)
+            .await
     };
     let result = tokio::select! {
         out = work => match out {

@@ -1,0 +1,468 @@
+//! Cross-activity batching. Concurrent calls on one engine each bring a few rows (a
+//! tokenized text, or a tokenized query-document pair); running them one call at a time
+//! wastes most of a forward pass on tiny batches. The batcher pools the rows of the calls
+//! that arrive within a short wait, sorts them by length (less padding), cuts them into
+//! batches under a row and token budget, and hands each call its own rows back, in order.
+//!
+//! Scheduling is in *rounds*: a round takes the calls already queued (waiting at most
+//! `wait` after the oldest arrived, and stopping early once a full batch is pending), and
+//! runs all their rows before the next round starts. A call that arrives during a round
+//! waits for the next one, so a long text is never starved by a stream of short ones: it
+//! finishes within its own round. A call whose caller went away (cancelled, timed out) has
+//! its rows dropped before each batch.
+//!
+//! This module knows nothing of candle: a model is anything that implements [`Forward`],
+//! which is what lets the tests check order, budgets and cancellation with a fake.
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        mpsc::{Receiver, RecvTimeoutError, TryRecvError},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::sync::oneshot;
+
+use crate::ModelError;
+
+/// One tokenized input: token ids and token type (segment) ids of the same length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Row {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) types: Vec<u32>,
+}
+
+impl Row {
+    /// A single-segment row (type ids all 0).
+    pub(crate) fn single(ids: Vec<u32>) -> Self {
+        let types = vec![0; ids.len()];
+        Self { ids, types }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// A model the batcher can drive: one output vector per row, in the order given. Rows
+/// arrive sorted by length, shortest first.
+pub(crate) trait Forward {
+    fn forward(&self, rows: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError>;
+}
+
+/// How big a batch may get and how long to wait for one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchLimits {
+    /// Most rows per forward pass.
+    pub(crate) rows: usize,
+    /// Most padded tokens (rows × longest row) per forward pass. A single row longer than
+    /// this still runs, alone.
+    pub(crate) tokens: usize,
+    /// How long a round waits for more calls after its oldest one arrived. Zero runs every
+    /// call in a round of its own (no cross-call batching).
+    pub(crate) wait: Duration,
+}
+
+impl BatchLimits {
+    fn fits(&self, rows: usize, width: usize) -> bool {
+        rows <= self.rows && rows * width <= self.tokens
+    }
+}
+
+/// How many of a call's rows have been computed; the runtime reads it to heartbeat
+/// progress on long calls. Clones share the count.
+#[derive(Debug, Clone, Default)]
+pub struct Progress(Arc<AtomicUsize>);
+
+impl Progress {
+    /// Rows (texts or pairs) finished so far.
+    pub fn done(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn add(&self, n: usize) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+pub(crate) type Reply = oneshot::Sender<Result<Vec<Vec<f32>>, ModelError>>;
+
+/// One call waiting for the model.
+pub(crate) struct Request {
+    pub(crate) rows: Vec<Row>,
+    pub(crate) reply: Reply,
+    pub(crate) progress: Progress,
+    pub(crate) span: tracing::Span,
+    pub(crate) arrived: Instant,
+}
+
+/// Serves `queue` until every sender is gone. Blocking: runs on the engine's own thread.
+pub(crate) fn serve(model: &dyn Forward, limits: BatchLimits, queue: Receiver<Request>) {
+    while let Ok(first) = queue.recv() {
+        let round = gather(first, &queue, &limits);
+        run_round(model, &limits, round);
+    }
+}
+
+/// The calls of one round: `first`, then whatever else is queued or arrives before the
+/// oldest call has waited `limits.wait`, until a full batch is pending.
+fn gather(first: Request, queue: &Receiver<Request>, limits: &BatchLimits) -> Vec<Request> {
+    let mut round = vec![first];
+    if limits.wait.is_zero() {
+        return round;
+    }
+    let deadline = round[0].arrived + limits.wait;
+    let (mut rows, mut tokens) = (0, 0);
+    loop {
+        let last = round.last().expect("a round has a first call; this is a bug");
+        rows += last.rows.len();
+        tokens += last.rows.iter().map(Row::len).sum::<usize>();
+        if rows >= limits.rows || tokens >= limits.tokens {
+            return round;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let next = if left.is_zero() {
+            // Past the wait: still take what is already queued, without waiting more.
+            queue.try_recv().map_err(|e| matches!(e, TryRecvError::Empty))
+        } else {
+            queue
+                .recv_timeout(left)
+                .map_err(|e| matches!(e, RecvTimeoutError::Timeout))
+        };
+        match next {
+            Ok(r) => round.push(r),
+            Err(_) => return round,
+        }
+    }
+}
+
+struct Open {
+    out: Vec<Vec<f32>>,
+    left: usize,
+    reply: Option<Reply>,
+    progress: Progress,
+    span: tracing::Span,
+}
+
+impl Open {
+    /// Still wanted: not answered yet, and the caller still waits.
+    fn wanted(&self) -> bool {
+        self.reply.as_ref().is_some_and(|r| !r.is_closed())
+    }
+}
+
+fn run_round(model: &dyn Forward, limits: &BatchLimits, round: Vec<Request>) {
+    let mut rows = Vec::new();
+    let mut open = Vec::with_capacity(round.len());
+    for (call, req) in round.into_iter().enumerate() {
+        let n = req.rows.len();
+        rows.extend(
+            req.rows
+                .into_iter()
+                .enumerate()
+                .map(|(index, row)| (call, index, row)),
+        );
+        let mut o = Open {
+            out: vec![Vec::new(); n],
+            left: n,
+            reply: Some(req.reply),
+            progress: req.progress,
+            span: req.span,
+        };
+        if n == 0 {
+            if let Some(reply) = o.reply.take() {
+                let _ = reply.send(Ok(Vec::new()));
+            }
+        }
+        open.push(o);
+    }
+    // Stable: equal lengths keep arrival order, so batches are deterministic.
+    rows.sort_by_key(|(_, _, row)| row.len());
+    let mut start = 0;
+    while start < rows.len() {
+        // Rows of calls nobody waits for any more leave the queue here.
+        if !open[rows[start].0].wanted() {
+            start += 1;
+            continue;
+        }
+        let mut batch = vec![start];
+        let mut end = start + 1;
+        while end < rows.len() {
+            if open[rows[end].0].wanted() {
+                if !limits.fits(batch.len() + 1, rows[end].2.len()) {
+                    break;
+                }
+                batch.push(end);
+            }
+            end += 1;
+        }
+        let inputs: Vec<&Row> = batch.iter().map(|&i| &rows[i].2).collect();
+        match model.forward(&inputs).map_err(ModelError::classify) {
+            Ok(outs) => {
+                assert_eq!(
+                    outs.len(),
+                    batch.len(),
+                    "a forward pass returned the wrong number of rows; this is a bug"
+                );
+                for (&i, out) in batch.iter().zip(outs) {
+                    let (call, index, _) = rows[i];
+                    let o = &mut open[call];
+                    o.out[index] = out;
+                    o.left -= 1;
+                    o.progress.add(1);
+                    if o.left == 0 {
+                        if let Some(reply) = o.reply.take() {
+                            let _ = reply.send(Ok(std::mem::take(&mut o.out)));
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                // Every call with a row in the failed batch fails; the others go on.
+                for &i in &batch {
+                    let o = &mut open[rows[i].0];
+                    if let Some(reply) = o.reply.take() {
+                        tracing::warn!(parent: &o.span, error = %e, "batch failed");
+                        let _ = reply.send(Err(e.duplicate()));
+                    }
+                }
+            }
+        }
+        start = end;
+    }
+}
+
+/// Runs `rows` through `model` in length-sorted batches on the calling thread, outputs in
+/// input order: the batcher for one call, without a queue (direct model use and tests).
+pub(crate) fn run_now(
+    model: &dyn Forward,
+    limits: &BatchLimits,
+    rows: Vec<Row>,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let (reply, mut rx) = oneshot::channel();
+    let req = Request {
+        rows,
+        reply,
+        progress: Progress::default(),
+        span: tracing::Span::current(),
+        arrived: Instant::now(),
+    };
+    run_round(model, limits, vec![req]);
+    rx.try_recv()
+        .expect("a round answers every call it was given; this is a bug")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{mpsc, Mutex};
+
+    use tokio::sync::oneshot::Receiver;
+
+    use super::*;
+
+    /// A model whose output for a row is `[first id, row length]`, which records the
+    /// batches it saw (as lists of first ids), can drop a caller's reply receiver during
+    /// its first batch, and can fail batches holding one id.
+    #[derive(Default)]
+    struct Fake {
+        batches: Mutex<Vec<Vec<u32>>>,
+        drop_during_first: Mutex<Option<Receiver<Result<Vec<Vec<f32>>, ModelError>>>>,
+        fail_on: Option<u32>,
+    }
+
+    impl Forward for Fake {
+        fn forward(&self, rows: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
+            drop(self.drop_during_first.lock().unwrap().take());
+            self.batches
+                .lock()
+                .unwrap()
+                .push(rows.iter().map(|r| r.ids[0]).collect());
+            if rows.iter().any(|r| Some(r.ids[0]) == self.fail_on) {
+                return Err(ModelError::OutOfMemory("fake".into()));
+            }
+            Ok(rows
+                .iter()
+                .map(|r| vec![r.ids[0] as f32, r.len() as f32])
+                .collect())
+        }
+    }
+
+    /// A row of `len` tokens whose first id is `tag`.
+    fn row(tag: u32, len: usize) -> Row {
+        let mut ids = vec![tag];
+        ids.resize(len, 0);
+        Row::single(ids)
+    }
+
+    fn limits(rows: usize, tokens: usize, wait_ms: u64) -> BatchLimits {
+        BatchLimits {
+            rows,
+            tokens,
+            wait: Duration::from_millis(wait_ms),
+        }
+    }
+
+    fn request(rows: Vec<Row>) -> (Request, Receiver<Result<Vec<Vec<f32>>, ModelError>>) {
+        let (reply, rx) = oneshot::channel();
+        let req = Request {
+            rows,
+            reply,
+            progress: Progress::default(),
+            span: tracing::Span::none(),
+            arrived: Instant::now(),
+        };
+        (req, rx)
+    }
+
+    #[test]
+    fn each_call_gets_its_rows_back_in_input_order() {
+        let model = Fake::default();
+        let (a, mut ra) = request(vec![row(1, 9), row(2, 3), row(3, 6)]);
+        let (b, mut rb) = request(vec![row(4, 2), row(5, 8)]);
+        run_round(&model, &limits(2, 1000, 5), vec![a, b]);
+        let a = ra.try_recv().unwrap().unwrap();
+        let b = rb.try_recv().unwrap().unwrap();
+        assert_eq!(a, vec![vec![1., 9.], vec![2., 3.], vec![3., 6.]]);
+        assert_eq!(b, vec![vec![4., 2.], vec![5., 8.]]);
+        // Rows of both calls were pooled and length-sorted: 2,3 | 6,8 | 9.
+        assert_eq!(
+            *model.batches.lock().unwrap(),
+            vec![vec![4, 2], vec![3, 5], vec![1]]
+        );
+    }
+
+    #[test]
+    fn batches_respect_the_row_and_token_budgets() {
+        let model = Fake::default();
+        let lens = [3usize, 7, 7, 2, 10, 5, 5, 5, 1, 9, 4, 8];
+        let rows: Vec<Row> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| row(i as u32 + 1, l))
+            .collect();
+        let lim = limits(4, 20, 0);
+        let out = run_now(&model, &lim, rows).unwrap();
+        assert_eq!(out.len(), lens.len());
+        let batches = model.batches.lock().unwrap();
+        for b in batches.iter() {
+            let width = b.iter().map(|&t| lens[t as usize - 1]).max().unwrap();
+            assert!(b.len() <= 4, "{b:?} has more than 4 rows");
+            assert!(b.len() * width <= 20, "{b:?} pads to {} tokens", b.len() * width);
+        }
+        // Greedy: every batch but the last is as full as the budget allows.
+        assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), lens.len());
+        assert_eq!(batches.len(), 5, "{batches:?}");
+    }
+
+    #[test]
+    fn a_row_over_the_token_budget_runs_alone() {
+        let model = Fake::default();
+        let out = run_now(&model, &limits(8, 10, 0), vec![row(1, 2), row(2, 50)]).unwrap();
+        assert_eq!(out, vec![vec![1., 2.], vec![2., 50.]]);
+        assert_eq!(*model.batches.lock().unwrap(), vec![vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn a_cancelled_call_leaves_the_queue() {
+        let model = Fake::default();
+        let (a, ra) = request(vec![row(1, 4), row(2, 4)]);
+        let (b, mut rb) = request(vec![row(3, 4)]);
+        drop(ra); // the caller of `a` gave up before the round ran
+        let progress = b.progress.clone();
+        run_round(&model, &limits(1, 1000, 0), vec![a, b]);
+        assert_eq!(*model.batches.lock().unwrap(), vec![vec![3]]);
+        assert_eq!(rb.try_recv().unwrap().unwrap(), vec![vec![3., 4.]]);
+        assert_eq!(progress.done(), 1);
+    }
+
+    #[test]
+    fn a_call_cancelled_mid_round_stops_after_the_current_batch() {
+        let (a, ra) = request(vec![row(1, 4), row(2, 4), row(3, 4)]);
+        let progress = a.progress.clone();
+        // The caller gives up while the first batch is running.
+        let model = Fake {
+            drop_during_first: Mutex::new(Some(ra)),
+            ..Fake::default()
+        };
+        run_round(&model, &limits(1, 1000, 0), vec![a]);
+        assert_eq!(*model.batches.lock().unwrap(), vec![vec![1]]);
+        assert_eq!(progress.done(), 1);
+    }
+
+    #[test]
+    fn a_long_text_is_not_starved_by_a_stream_of_short_ones() {
+        let model = Fake::default();
+        let (tx, rx) = mpsc::channel();
+        let (long, mut rlong) = request(vec![row(100, 50)]);
+        tx.send(long).unwrap();
+        // Far more short calls than one batch holds, all queued behind the long one.
+        let mut shorts = Vec::new();
+        for i in 0..40 {
+            let (r, rr) = request(vec![row(i + 1, 2)]);
+            tx.send(r).unwrap();
+            shorts.push(rr);
+        }
+        drop(tx);
+        serve(&model, limits(8, 1000, 1), rx);
+        assert_eq!(rlong.try_recv().unwrap().unwrap(), vec![vec![100., 50.]]);
+        for mut r in shorts {
+            assert!(r.try_recv().unwrap().is_ok());
+        }
+        // The long text ran in the first round, before most short calls were even taken.
+        let batches = model.batches.lock().unwrap();
+        let long_at = batches.iter().position(|b| b.contains(&100)).unwrap();
+        assert!(long_at <= 1, "long text ran in batch {long_at}: {batches:?}");
+    }
+
+    #[test]
+    fn concurrent_calls_are_batched_together_within_the_wait() {
+        let model = Fake::default();
+        let (tx, rx) = mpsc::channel();
+        let mut replies = Vec::new();
+        for i in 0..16 {
+            let (r, rr) = request(vec![row(i + 1, 3)]);
+            tx.send(r).unwrap();
+            replies.push(rr);
+        }
+        drop(tx);
+        serve(&model, limits(32, 1000, 50), rx);
+        assert_eq!(model.batches.lock().unwrap().len(), 1);
+        for (i, mut r) in replies.into_iter().enumerate() {
+            assert_eq!(r.try_recv().unwrap().unwrap(), vec![vec![i as f32 + 1., 3.]]);
+        }
+    }
+
+    #[test]
+    fn zero_wait_runs_each_call_alone() {
+        let model = Fake::default();
+        let (tx, rx) = mpsc::channel();
+        let mut replies = Vec::new();
+        for i in 0..4 {
+            let (r, rr) = request(vec![row(i + 1, 3)]);
+            tx.send(r).unwrap();
+            replies.push(rr);
+        }
+        drop(tx);
+        serve(&model, limits(32, 1000, 0), rx);
+        assert_eq!(model.batches.lock().unwrap().len(), 4);
+        assert!(replies.iter_mut().all(|r| r.try_recv().unwrap().is_ok()));
+    }
+
+    #[test]
+    fn a_failed_batch_fails_its_calls_and_the_others_go_on() {
+        let model = Fake {
+            fail_on: Some(2),
+            ..Fake::default()
+        };
+        let (a, mut ra) = request(vec![row(1, 2), row(2, 9)]);
+        let (b, mut rb) = request(vec![row(3, 3)]);
+        run_round(&model, &limits(1, 1000, 0), vec![a, b]);
+        assert!(matches!(
+            ra.try_recv().unwrap(),
+            Err(ModelError::OutOfMemory(_))
+        ));
+        assert_eq!(rb.try_recv().unwrap().unwrap(), vec![vec![3., 3.]]);
+    }
+}

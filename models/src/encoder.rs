@@ -1,0 +1,341 @@
+//! gpulane's own BERT-family encoder forward pass (BERT and XLM-RoBERTa share it), over
+//! *packed* rows: the tokens of every row of a batch concatenated, with no padding.
+//!
+//! Why not candle-transformers' `BertModel`: it pads every row to the batch's longest and
+//! runs every dense layer over the padding too (17% of the tokens of a short-sentence
+//! corpus even after length sorting), and its element-wise steps were slow on the CPU
+//! (see `kernels`). Here the dense layers (three quarters of the FLOPs) see only real
+//! tokens; attention alone pads, per batch, gathering rows into `[B, heads, T, d]` and
+//! back. Weights are laid out once at load for the fused steps: Q, K and V as one matrix
+//! with the 1/√d scale folded into Q, every matrix transposed to `[in, out]`, and each
+//! bias + LayerNorm triple as one `[3, H]` tensor.
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use serde_json::Value;
+
+use crate::{batcher::Row, kernels, ModelError, Pooling};
+
+/// Which activation the feed-forward layer uses (config.json `hidden_act`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Act {
+    /// `gelu`: the exact, erf-based GELU.
+    Gelu,
+    /// `gelu_new` / `gelu_pytorch_tanh`: the tanh approximation.
+    GeluTanh,
+    Relu,
+}
+
+struct Layer {
+    /// `[H, 3H]`: Q (pre-scaled by 1/√d), K, V.
+    qkv: Tensor,
+    /// `[3H]`.
+    qkv_bias: Tensor,
+    /// `[H, H]`.
+    attn_out: Tensor,
+    /// `[3, H]`: attention output bias, LayerNorm gamma, beta.
+    attn_norm: Tensor,
+    /// `[H, I]` and `[I]`.
+    inter: Tensor,
+    inter_bias: Tensor,
+    /// `[I, H]`.
+    out: Tensor,
+    /// `[3, H]`: output bias, LayerNorm gamma, beta.
+    out_norm: Tensor,
+}
+
+/// How positions are numbered.
+#[derive(Debug, Clone, Copy)]
+enum Positions {
+    /// BERT: 0, 1, 2, ...
+    FromZero,
+    /// RoBERTa: `padding_idx + 1`, ... (its position table reserves the first rows).
+    AfterPadding(u32),
+}
+
+/// A loaded encoder. Blocking: call it from an engine thread.
+pub(crate) struct Encoder {
+    word: Tensor,
+    position: Tensor,
+    token_type: Tensor,
+    embed_gamma: Tensor,
+    embed_beta: Tensor,
+    layers: Vec<Layer>,
+    heads: usize,
+    hidden: usize,
+    eps: f32,
+    act: Act,
+    positions: Positions,
+    /// Models with one token type (XLM-R) ignore the tokenizer's pair type ids.
+    single_type: bool,
+    device: Device,
+}
+
+/// Token vectors of a packed batch: `[N, H]` for N real tokens, with each row's start.
+pub(crate) struct Packed {
+    pub(crate) hidden: Tensor,
+    pub(crate) starts: Vec<usize>,
+    pub(crate) lens: Vec<usize>,
+}
+
+fn num(config: &Value, key: &str, path: &std::path::Path) -> Result<usize, ModelError> {
+    config[key]
+        .as_u64()
+        .map(|v| v as usize)
+        .ok_or_else(|| ModelError::Unsupported {
+            path: path.to_owned(),
+            reason: format!("config.json has no {key}"),
+        })
+}
+
+/// The tensor name prefix of the encoder inside the checkpoint: none for
+/// sentence-transformers exports, `bert.` / `roberta.` inside classification models.
+fn prefix(vb: &VarBuilder, model_type: &str) -> String {
+    let bare = "embeddings.word_embeddings.weight";
+    for p in ["", "bert", "roberta", model_type] {
+        let name = if p.is_empty() {
+            bare.to_owned()
+        } else {
+            format!("{p}.{bare}")
+        };
+        if vb.contains_tensor(&name) {
+            return p.to_owned();
+        }
+    }
+    String::new()
+}
+
+impl Encoder {
+    /// Loads the encoder of a BERT or RoBERTa-family checkpoint. `vb` is at the
+    /// checkpoint's root; the encoder's own prefix is found by looking.
+    pub(crate) fn load(
+        config: &Value,
+        vb: VarBuilder,
+        path: &std::path::Path,
+    ) -> Result<Self, ModelError> {
+        let unsupported = |reason: String| ModelError::Unsupported {
+            path: path.to_owned(),
+            reason,
+        };
+        let model_type = config["model_type"].as_str().unwrap_or("bert");
+        let hidden = num(config, "hidden_size", path)?;
+        let heads = num(config, "num_attention_heads", path)?;
+        let layers = num(config, "num_hidden_layers", path)?;
+        let inter = num(config, "intermediate_size", path)?;
+        let vocab = num(config, "vocab_size", path)?;
+        let max_pos = num(config, "max_position_embeddings", path)?;
+        let types = config["type_vocab_size"].as_u64().unwrap_or(2) as usize;
+        let eps = config["layer_norm_eps"].as_f64().unwrap_or(1e-12) as f32;
+        if hidden % heads != 0 {
+            return Err(unsupported(format!(
+                "hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+            )));
+        }
+        match config["position_embedding_type"].as_str() {
+            None | Some("absolute") => {}
+            Some(other) => {
+                return Err(unsupported(format!(
+                    "position_embedding_type {other:?}; gpulane runs \"absolute\""
+                )))
+            }
+        }
+        let act = match config["hidden_act"].as_str().unwrap_or("gelu") {
+            "gelu" => Act::Gelu,
+            "gelu_new" | "gelu_pytorch_tanh" => Act::GeluTanh,
+            "relu" => Act::Relu,
+            other => {
+                return Err(unsupported(format!(
+                    "hidden_act {other:?}; gpulane runs gelu, gelu_new, gelu_pytorch_tanh and relu"
+                )))
+            }
+        };
+        let positions = match model_type {
+            "xlm-roberta" | "roberta" => {
+                Positions::AfterPadding(config["pad_token_id"].as_u64().unwrap_or(1) as u32)
+            }
+            _ => Positions::FromZero,
+        };
+        let p = prefix(&vb, model_type);
+        let vb = if p.is_empty() { vb } else { vb.pp(p) };
+        let device = vb.device().clone();
+        let emb = vb.pp("embeddings");
+        // [out, in] in the checkpoint; [in, out] contiguous for `x.matmul(w)`.
+        let dense = |vb: &VarBuilder, i: usize, o: usize| -> Result<(Tensor, Tensor), ModelError> {
+            let w = vb.get((o, i), "weight")?.t()?.contiguous()?;
+            Ok((w, vb.get(o, "bias")?))
+        };
+        let norm_params = |bias: Tensor, vb: &VarBuilder| -> Result<Tensor, ModelError> {
+            Ok(Tensor::stack(
+                &[bias, vb.get(hidden, "weight")?, vb.get(hidden, "bias")?],
+                0,
+            )?)
+        };
+        let scale = 1.0 / ((hidden / heads) as f64).sqrt();
+        let mut loaded = Vec::with_capacity(layers);
+        for i in 0..layers {
+            let l = vb.pp(format!("encoder.layer.{i}"));
+            let a = l.pp("attention");
+            let (wq, bq) = dense(&a.pp("self.query"), hidden, hidden)?;
+            let (wk, bk) = dense(&a.pp("self.key"), hidden, hidden)?;
+            let (wv, bv) = dense(&a.pp("self.value"), hidden, hidden)?;
+            let (wq, bq) = ((wq * scale)?, (bq * scale)?);
+            let (attn_out, bo) = dense(&a.pp("output.dense"), hidden, hidden)?;
+            let (inter_w, inter_b) = dense(&l.pp("intermediate.dense"), hidden, inter)?;
+            let (out_w, out_b) = dense(&l.pp("output.dense"), inter, hidden)?;
+            loaded.push(Layer {
+                qkv: Tensor::cat(&[wq, wk, wv], 1)?.contiguous()?,
+                qkv_bias: Tensor::cat(&[bq, bk, bv], 0)?,
+                attn_out,
+                attn_norm: norm_params(bo, &a.pp("output.LayerNorm"))?,
+                inter: inter_w,
+                inter_bias: inter_b,
+                out: out_w,
+                out_norm: norm_params(out_b, &l.pp("output.LayerNorm"))?,
+            });
+        }
+        Ok(Self {
+            word: emb.get((vocab, hidden), "word_embeddings.weight")?,
+            position: emb.get((max_pos, hidden), "position_embeddings.weight")?,
+            token_type: emb.get((types, hidden), "token_type_embeddings.weight")?,
+            embed_gamma: emb.get(hidden, "LayerNorm.weight")?,
+            embed_beta: emb.get(hidden, "LayerNorm.bias")?,
+            layers: loaded,
+            heads,
+            hidden,
+            eps,
+            act,
+            positions,
+            single_type: types == 1,
+            device,
+        })
+    }
+
+    /// Token vectors for `rows`, packed (see the module doc).
+    pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
+        let lens: Vec<usize> = rows.iter().map(|r| r.len()).collect();
+        let n: usize = lens.iter().sum();
+        let b = rows.len();
+        let t = lens.iter().copied().max().unwrap_or(0);
+        let mut starts = Vec::with_capacity(b);
+        let (mut ids, mut types, mut pos) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        // Attention gathers padded [B, T] from packed rows and scatters back; padded
+        // slots read any real row (the row's first) and are masked out of the softmax.
+        let mut gather = Vec::with_capacity(b * t);
+        let mut scatter = Vec::with_capacity(n);
+        let mut mask = Vec::with_capacity(b * t);
+        for (i, r) in rows.iter().enumerate() {
+            let start = ids.len();
+            starts.push(start);
+            ids.extend_from_slice(&r.ids);
+            if self.single_type {
+                types.extend(std::iter::repeat_n(0u32, r.len()));
+            } else {
+                types.extend_from_slice(&r.types);
+            }
+            let first = match self.positions {
+                Positions::FromZero => 0,
+                Positions::AfterPadding(pad) => pad + 1,
+            };
+            pos.extend((0..r.len() as u32).map(|p| first + p));
+            for k in 0..t {
+                gather.push((start + k.min(r.len().saturating_sub(1))) as u32);
+                mask.push(if k < r.len() { 0f32 } else { f32::NEG_INFINITY });
+            }
+            scatter.extend((0..r.len()).map(|k| (i * t + k) as u32));
+        }
+        let dev = &self.device;
+        let ids = Tensor::from_vec(ids, n, dev)?;
+        let types = Tensor::from_vec(types, n, dev)?;
+        let pos = Tensor::from_vec(pos, n, dev)?;
+        let gather = Tensor::from_vec(gather, b * t, dev)?;
+        let scatter = Tensor::from_vec(scatter, n, dev)?;
+        let mask = Tensor::from_vec(mask, (b, t), dev)?;
+
+        let x = ((self.word.index_select(&ids, 0)? + self.position.index_select(&pos, 0)?)?
+            + self.token_type.index_select(&types, 0)?)?;
+        let mut x = candle_nn::ops::layer_norm(&x, &self.embed_gamma, &self.embed_beta, self.eps)?;
+        let (h, heads) = (self.hidden, self.heads);
+        let d = h / heads;
+        for l in &self.layers {
+            let qkv = x.matmul(&l.qkv)?.broadcast_add(&l.qkv_bias)?;
+            // [B*T, 3H] → [3, B, heads, T, d], one copy for Q, K and V together.
+            let qkv = qkv
+                .index_select(&gather, 0)?
+                .reshape((b, t, 3, heads, d))?
+                .permute((2, 0, 3, 1, 4))?
+                .contiguous()?;
+            let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
+            let scores = q.matmul(&k.t()?)?;
+            let probs = kernels::masked_softmax(&scores, &mask)?;
+            let ctx = probs
+                .matmul(&v)?
+                .transpose(1, 2)?
+                .contiguous()?
+                .reshape((b * t, h))?
+                .index_select(&scatter, 0)?;
+            let attn = ctx.matmul(&l.attn_out)?;
+            x = kernels::add_norm(&attn, &x, &l.attn_norm, self.eps)?;
+            let up = x.matmul(&l.inter)?;
+            let up = match self.act {
+                Act::Gelu => kernels::bias_gelu(&up, &l.inter_bias)?,
+                Act::GeluTanh => up.broadcast_add(&l.inter_bias)?.gelu()?,
+                Act::Relu => up.broadcast_add(&l.inter_bias)?.relu()?,
+            };
+            let down = up.matmul(&l.out)?;
+            x = kernels::add_norm(&down, &x, &l.out_norm, self.eps)?;
+        }
+        Ok(Packed {
+            hidden: x,
+            starts,
+            lens,
+        })
+    }
+}
+
+impl Packed {
+    /// The first token's vector of each row (`[CLS]` / `<s>`), `[B, H]`.
+    pub(crate) fn first_tokens(&self) -> Result<Tensor, ModelError> {
+        let idx: Vec<u32> = self.starts.iter().map(|&s| s as u32).collect();
+        let n = idx.len();
+        let idx = Tensor::from_vec(idx, n, self.hidden.device())?;
+        Ok(self.hidden.index_select(&idx, 0)?)
+    }
+
+    /// One vector per row under `pooling`, `[B, H]` in f32.
+    pub(crate) fn pool(&self, pooling: Pooling) -> Result<Tensor, ModelError> {
+        let hidden = self.hidden.to_dtype(DType::F32)?;
+        let dev = hidden.device();
+        Ok(match pooling {
+            Pooling::Cls => self.first_tokens()?.to_dtype(DType::F32)?,
+            Pooling::Mean | Pooling::MeanSqrtLen => {
+                // A [B, N] weight matrix: one matmul averages every row's own tokens.
+                let (b, n) = (self.lens.len(), hidden.dim(0)?);
+                let mut w = vec![0f32; b * n];
+                for (i, (&s, &len)) in self.starts.iter().zip(&self.lens).enumerate() {
+                    // sentence-transformers clamps the count at 1e-9; rows are never empty.
+                    let count = (len as f32).max(1e-9);
+                    let weight = if pooling == Pooling::Mean {
+                        1.0 / count
+                    } else {
+                        1.0 / count.sqrt()
+                    };
+                    w[i * n + s..i * n + s + len].fill(weight);
+                }
+                Tensor::from_vec(w, (b, n), dev)?.matmul(&hidden)?
+            }
+            Pooling::Max => {
+                let rows = self
+                    .starts
+                    .iter()
+                    .zip(&self.lens)
+                    .map(|(&s, &len)| hidden.narrow(0, s, len)?.max(0))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Tensor::stack(&rows, 0)?
+            }
+        })
+    }
+}

@@ -1,0 +1,422 @@
+//! Fused, vectorized, multi-threaded CPU kernels for the encoder's element-wise steps,
+//! as candle custom ops. candle's own versions were a large share of a CPU forward pass
+//! (profile in benches/RESULTS.md): GELU computes `erf` one element at a time on one
+//! thread, softmax calls scalar `exp`, and bias-add, residual-add and layer-norm each
+//! allocate and walk a full activation tensor.
+//!
+//! Each public function runs the fused kernel for contiguous f32 tensors on the CPU and
+//! the equivalent chain of candle ops everywhere else (CUDA, f16/bf16), so callers never
+//! branch on the device. Kernels run on rayon's pool, the one candle's matmul uses, and
+//! are compiled twice: once for AVX2+FMA (picked at run time) and once for the baseline.
+
+use candle_core::{
+    backend::BackendStorage, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape,
+    Tensor,
+};
+use rayon::prelude::*;
+
+/// Rows handed to one rayon task: big enough to amortise scheduling, small enough to
+/// spread a short batch over every thread.
+const ROWS_PER_TASK: usize = 8;
+
+// ---------------------------------------------------------------------------------------
+// Scalar building blocks, written branch-free so that loops over slices vectorize.
+
+/// erf(x) for f32, as a rational function on [-4, 4] (Eigen's `generic_fast_erf_float`,
+/// the one PyTorch and TensorFlow CPU kernels use): max abs error ~1e-7, no `exp`.
+#[inline(always)]
+#[allow(clippy::excessive_precision)]
+fn erf(x: f32) -> f32 {
+    let x = x.clamp(-4.0, 4.0);
+    let x2 = x * x;
+    let mut p = x2 * -2.72614225801306e-10 + 2.77068142495902e-08;
+    p = x2 * p + -2.10102402082508e-06;
+    p = x2 * p + -5.69250639462346e-05;
+    p = x2 * p + -7.34990630326855e-04;
+    p = x2 * p + -2.95459980854025e-03;
+    p = x2 * p + -1.60960333262415e-02;
+    p *= x;
+    let mut q = x2 * -1.45660718464996e-05 + -2.13374055278905e-04;
+    q = x2 * q + -1.68282697438203e-03;
+    q = x2 * q + -7.37332916720468e-03;
+    q = x2 * q + -1.42647390514189e-02;
+    p / q
+}
+
+/// The exact (erf) GELU that BERT's `hidden_act: "gelu"` means.
+#[inline(always)]
+fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// e^x for x ≤ ~88 (softmax feeds it x − max ≤ 0): Cody-Waite reduction to
+/// r ∈ [−ln2/2, ln2/2] and a degree-6 polynomial; relative error ~2e-7.
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + 0.5).floor();
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    // 2^n by building the float's exponent field; n ∈ [−126, 127] after the clamp.
+    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+// ---------------------------------------------------------------------------------------
+// Row kernels. Each has a plain body (`*_body`, always inlined) and a dispatcher that
+// calls an AVX2+FMA-compiled copy when the CPU has it.
+
+macro_rules! dispatch {
+    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn wide($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: the CPU has the features `wide` was compiled for.
+                    return unsafe { wide($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
+}
+
+#[inline(always)]
+fn bias_gelu_body(x: &[f32], bias: &[f32], out: &mut [f32]) {
+    for ((o, &v), &b) in out.iter_mut().zip(x).zip(bias) {
+        *o = gelu(v + b);
+    }
+}
+dispatch!(bias_gelu_row, bias_gelu_body, (x: &[f32], bias: &[f32], out: &mut [f32]));
+
+/// out = LayerNorm(x + bias + residual) · gamma + beta, for one row.
+#[inline(always)]
+fn add_norm_body(x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f32]) {
+    let h = x.len();
+    let (bias, rest) = params.split_at(h);
+    let (gamma, beta) = rest.split_at(h);
+    let mut sum = 0f32;
+    for (((o, &v), &r), &b) in out.iter_mut().zip(x).zip(res).zip(bias) {
+        *o = v + r + b;
+        sum += *o;
+    }
+    let mean = sum / h as f32;
+    let mut var = 0f32;
+    for &o in out.iter() {
+        let d = o - mean;
+        var += d * d;
+    }
+    let inv = 1.0 / (var / h as f32 + eps).sqrt();
+    for ((o, &g), &b) in out.iter_mut().zip(gamma).zip(beta) {
+        *o = (*o - mean) * inv * g + b;
+    }
+}
+dispatch!(add_norm_row, add_norm_body,
+    (x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f32]));
+
+/// out = softmax(x + mask) for one row of attention scores.
+#[inline(always)]
+fn masked_softmax_body(x: &[f32], mask: &[f32], out: &mut [f32]) {
+    let mut max = f32::NEG_INFINITY;
+    for ((o, &v), &m) in out.iter_mut().zip(x).zip(mask) {
+        *o = v + m;
+        max = max.max(*o);
+    }
+    let mut sum = 0f32;
+    for o in out.iter_mut() {
+        *o = exp(*o - max);
+        sum += *o;
+    }
+    let inv = 1.0 / sum;
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+dispatch!(masked_softmax_row, masked_softmax_body, (x: &[f32], mask: &[f32], out: &mut [f32]));
+
+// ---------------------------------------------------------------------------------------
+// Custom ops.
+
+fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+    let CpuStorage::F32(v) = s else {
+        candle_core::bail!("{what}: expected f32, got {:?}", s.dtype())
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => candle_core::bail!("{what}: input must be contiguous"),
+    }
+}
+
+struct BiasGelu;
+
+impl CustomOp2 for BiasGelu {
+    fn name(&self) -> &'static str {
+        "gpulane-bias-gelu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "bias-gelu x")?;
+        let bias = f32_slice(s2, l2, "bias-gelu bias")?;
+        let h = bias.len();
+        let mut out = vec![0f32; x.len()];
+        out.par_chunks_mut(h * ROWS_PER_TASK)
+            .zip(x.par_chunks(h * ROWS_PER_TASK))
+            .for_each(|(o, x)| {
+                for (o, x) in o.chunks_mut(h).zip(x.chunks(h)) {
+                    bias_gelu_row(x, bias, o);
+                }
+            });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+}
+
+struct AddNorm {
+    eps: f32,
+}
+
+impl CustomOp3 for AddNorm {
+    fn name(&self) -> &'static str {
+        "gpulane-add-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "add-norm x")?;
+        let res = f32_slice(s2, l2, "add-norm residual")?;
+        let params = f32_slice(s3, l3, "add-norm params")?;
+        let h = params.len() / 3;
+        let mut out = vec![0f32; x.len()];
+        out.par_chunks_mut(h * ROWS_PER_TASK)
+            .zip(x.par_chunks(h * ROWS_PER_TASK))
+            .zip(res.par_chunks(h * ROWS_PER_TASK))
+            .for_each(|((o, x), r)| {
+                for ((o, x), r) in o.chunks_mut(h).zip(x.chunks(h)).zip(r.chunks(h)) {
+                    add_norm_row(x, r, params, self.eps, o);
+                }
+            });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+}
+
+struct MaskedSoftmax;
+
+impl CustomOp2 for MaskedSoftmax {
+    fn name(&self) -> &'static str {
+        "gpulane-masked-softmax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "softmax scores")?;
+        let mask = f32_slice(s2, l2, "softmax mask")?;
+        let dims = l1.shape().dims();
+        // scores [B, heads, T, T], mask [B, T]: every (head, query) row of sequence b
+        // shares mask row b.
+        let (b, t) = (dims[0], dims[dims.len() - 1]);
+        let per_seq = x.len() / b;
+        let mut out = vec![0f32; x.len()];
+        out.par_chunks_mut(t * ROWS_PER_TASK)
+            .zip(x.par_chunks(t * ROWS_PER_TASK))
+            .enumerate()
+            .for_each(|(task, (o, x))| {
+                let first = task * t * ROWS_PER_TASK;
+                for (i, (o, x)) in o.chunks_mut(t).zip(x.chunks(t)).enumerate() {
+                    let seq = (first + i * t) / per_seq;
+                    masked_softmax_row(x, &mask[seq * t..(seq + 1) * t], o);
+                }
+            });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+}
+
+fn fused(t: &Tensor) -> bool {
+    t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous()
+}
+
+/// GELU (erf) of `x + bias`, `bias` broadcast over the last dimension.
+pub(crate) fn bias_gelu(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    if fused(x) && fused(bias) {
+        x.apply_op2_no_bwd(bias, &BiasGelu)
+    } else {
+        x.broadcast_add(bias)?.gelu_erf()
+    }
+}
+
+/// LayerNorm(x + bias + residual) with `params` = [bias; gamma; beta] as one `[3, H]`
+/// tensor (one operand instead of three).
+pub(crate) fn add_norm(x: &Tensor, residual: &Tensor, params: &Tensor, eps: f32) -> Result<Tensor> {
+    if fused(x) && fused(residual) && fused(params) {
+        x.apply_op3_no_bwd(residual, params, &AddNorm { eps })
+    } else {
+        let (bias, gamma, beta) = (params.get(0)?, params.get(1)?, params.get(2)?);
+        let sum = (x.broadcast_add(&bias)? + residual)?;
+        candle_nn::ops::layer_norm(&sum, &gamma, &beta, eps)
+    }
+}
+
+/// Softmax over the last dimension of attention scores `[B, heads, T, T]` plus an additive
+/// key mask `[B, T]` (0 for real tokens, −∞ for padding).
+pub(crate) fn masked_softmax(scores: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    if fused(scores) && fused(mask) {
+        scores.apply_op2_no_bwd(mask, &MaskedSoftmax)
+    } else {
+        let (b, t) = mask.dims2()?;
+        let mask = mask.reshape((b, 1, 1, t))?.to_dtype(scores.dtype())?;
+        candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?.contiguous()?)
+    }
+}
+
+/// The reference paths, for tests: the same results through plain candle ops.
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, D};
+
+    use super::*;
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(D::Minus1)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    fn randn(shape: &[usize], scale: f64) -> Tensor {
+        (Tensor::randn(0f32, 1f32, shape, &Device::Cpu).unwrap() * scale).unwrap()
+    }
+
+    #[test]
+    fn erf_matches_libm_closely() {
+        let mut worst = 0f64;
+        for i in -6000..=6000 {
+            let x = i as f64 / 1000.0;
+            let want = libm_erf(x);
+            worst = worst.max((erf(x as f32) as f64 - want).abs());
+        }
+        assert!(worst < 5e-7, "worst erf error {worst}");
+    }
+
+    /// erf in f64, independent of the kernel's rational approximation: the Taylor series
+    /// where it converges without cancellation (|x| ≤ 3), the asymptotic erfc beyond.
+    fn libm_erf(x: f64) -> f64 {
+        let a = x.abs();
+        if a > 3.0 {
+            let x2 = a * a;
+            let series = 1.0 - 1.0 / (2.0 * x2) + 3.0 / (4.0 * x2 * x2)
+                - 15.0 / (8.0 * x2 * x2 * x2);
+            let erfc = (-x2).exp() / (a * std::f64::consts::PI.sqrt()) * series;
+            return x.signum() * (1.0 - erfc);
+        }
+        let (mut sum, mut term, mut n) = (0f64, x, 0f64);
+        while term.abs() > 1e-18 {
+            sum += term / (2.0 * n + 1.0);
+            n += 1.0;
+            term *= -x * x / n;
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    }
+
+    #[test]
+    fn exp_matches_std_closely() {
+        let mut worst = 0f32;
+        for i in -8700..=100 {
+            let x = i as f32 / 100.0;
+            let rel = ((exp(x) - x.exp()) / x.exp()).abs();
+            worst = worst.max(rel);
+        }
+        assert!(worst < 1e-6, "worst relative exp error {worst}");
+        assert!(exp(f32::NEG_INFINITY) < 1e-37);
+    }
+
+    #[test]
+    fn bias_gelu_matches_candle() {
+        let x = randn(&[37, 48], 3.0);
+        let b = randn(&[48], 1.0);
+        let want = x.broadcast_add(&b).unwrap().gelu_erf().unwrap();
+        let got = bias_gelu(&x, &b).unwrap();
+        assert!(max_diff(&got, &want) < 1e-5);
+    }
+
+    #[test]
+    fn add_norm_matches_candle() {
+        let x = randn(&[29, 32], 2.0);
+        let r = randn(&[29, 32], 2.0);
+        let params = randn(&[3, 32], 1.0);
+        let got = add_norm(&x, &r, &params, 1e-12).unwrap();
+        let (bias, g, beta) = (params.get(0).unwrap(), params.get(1).unwrap(), params.get(2).unwrap());
+        let sum = (x.broadcast_add(&bias).unwrap() + &r).unwrap();
+        let want = candle_nn::ops::layer_norm_slow(&sum, &g, &beta, 1e-12).unwrap();
+        assert!(max_diff(&got, &want) < 1e-5);
+    }
+
+    #[test]
+    fn masked_softmax_matches_candle_and_ignores_padding() {
+        let (b, h, t) = (3, 4, 11);
+        let scores = randn(&[b, h, t, t], 4.0);
+        let mut mask = vec![0f32; b * t];
+        for (seq, len) in [(0usize, 11usize), (1, 5), (2, 1)] {
+            for k in len..t {
+                mask[seq * t + k] = f32::NEG_INFINITY;
+            }
+        }
+        let mask = Tensor::from_vec(mask, (b, t), &Device::Cpu).unwrap();
+        let got = masked_softmax(&scores, &mask).unwrap();
+        let want = candle_nn::ops::softmax(
+            &scores
+                .broadcast_add(&mask.reshape((b, 1, 1, t)).unwrap())
+                .unwrap(),
+            D::Minus1,
+        )
+        .unwrap();
+        assert!(max_diff(&got, &want) < 1e-6);
+        // Sequence 1 has 5 real keys: (next to) no weight on the other 6.
+        let padded: f32 = got
+            .get(1)
+            .unwrap()
+            .narrow(D::Minus1, 5, 6)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap();
+        // exp's input is clamped at -87, so a masked key weighs ~1e-38, not exactly 0.
+        assert!(padded < 1e-30, "padding got weight {padded}");
+    }
+}
