@@ -185,9 +185,11 @@ stop_worker() { stop "$WORKER_PID"; forget "$WORKER_PID"; WORKER_PID=""; }
 # load QUEUE WORKFLOWS TEXTS CORPUS LABEL OUTFILE
 load() {
   say "load: $2 workflows × $3 texts on $1 ($5)"
+  local log="$LOGS/load-$(basename "$6" .json).log"
   bounded 1200 "$PY" benches/load.py --address "$ADDRESS" --task-queue "$1" --workflows "$2" \
-    --texts "$3" --corpus "$OUT/corpus-$4.txt" --rounds "$ROUNDS" --label "$5" --json "$6" >&2 \
-    || say "load failed or timed out: $2 × $3 on $1 ($5)"
+    --texts "$3" --corpus "$OUT/corpus-$4.txt" --rounds "$ROUNDS" --label "$5" --json "$6" \
+    >&2 2> "$log" \
+    || { say "load failed or timed out: $2 × $3 on $1 ($5); see $log"; tail -5 "$log" >&2; }
 }
 
 # --- batching ---------------------------------------------------------------------------
