@@ -23,7 +23,8 @@
 # Knobs (environment): BENCH_THREADS (compute threads for both sides, default 2),
 # BENCH_REPEAT (timed runs per speed measurement, 5), BENCH_ROUNDS (load rounds, 3),
 # BENCH_PY_MAX_CONCURRENT (the Python worker's activities in flight, 4) and
-# BENCH_PY_INFERENCES (its model.encode calls at once, 1),
+# BENCH_PY_INFERENCES (its model.encode calls at once, 1), BENCH_FANOUT=1 (each round's
+# activities from one workflow instead of one workflow each: see benches/load.py),
 # BENCH_SKIP_BUILD=1 (use the gpulane binary as it is; do not run scripts/setup.sh).
 #
 # All traffic stays on 127.0.0.1 (free ports); every command is under a time limit, and
@@ -44,6 +45,8 @@ REPEAT=${BENCH_REPEAT:-5}
 ROUNDS=${BENCH_ROUNDS:-3}
 PY_MAX_CONCURRENT=${BENCH_PY_MAX_CONCURRENT:-4}
 PY_INFERENCES=${BENCH_PY_INFERENCES:-1}
+LOAD_FLAGS=()
+[ "${BENCH_FANOUT:-0}" = 1 ] && LOAD_FLAGS=(--fanout)
 OUT=benches/out
 LOGS=$OUT/logs
 PY=.venv-bench/bin/python
@@ -188,7 +191,7 @@ load() {
   local log="$LOGS/load-$(basename "$6" .json).log"
   bounded 1200 "$PY" benches/load.py --address "$ADDRESS" --task-queue "$1" --workflows "$2" \
     --texts "$3" --corpus "$OUT/corpus-$4.txt" --rounds "$ROUNDS" --label "$5" --json "$6" \
-    >&2 2> "$log" \
+    ${LOAD_FLAGS[@]+"${LOAD_FLAGS[@]}"} >&2 2> "$log" \
     || { say "load failed or timed out: $2 × $3 on $1 ($5); see $log"; tail -5 "$log" >&2; }
 }
 

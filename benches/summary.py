@@ -31,6 +31,12 @@ def ratio(a, b):
     return f"**{a / b:.2f}×**" if a and b else "–"
 
 
+def mode(report):
+    if report.get("mode") == "fanout":
+        return "all from one workflow (--fanout)"
+    return "one workflow each"
+
+
 def measured_at(out, pattern):
     """When a section's reports were written, since parts can be run separately."""
     times = [p.stat().st_mtime for p in out.glob(pattern)]
@@ -99,8 +105,8 @@ def batching_section(out):
         "## Cross-activity batching (gpulane on `cpu-tools`, real dev server)"
         + measured_at(out, "batching-*.json"),
         "",
-        f"{w} concurrent workflows, each one `embed` of {d.get('texts_per_activity') or z.get('texts_per_activity')} "
-        f"text; median of {d.get('rounds') or z.get('rounds')} rounds.",
+        f"{w} concurrent `embed` activities of {d.get('texts_per_activity') or z.get('texts_per_activity')} "
+        f"text, {mode(d or z)}; median of {d.get('rounds') or z.get('rounds')} rounds.",
         "",
         "| batch wait | activities/s | p50 latency s | p95 latency s |",
         "|---|---|---|---|",
@@ -131,11 +137,13 @@ def e2e_section(out):
     if not rows:
         return ["## End to end", "", "not run", ""]
     info = load(out / "e2e-info.json") or {}
+    first = load(sorted(out.glob("e2e-*-*.json"))[0]) or {}
     return [
         "## End to end through Temporal (same dev server, same workflows)"
         + measured_at(out, "e2e-*-*.json"),
         "",
         f"gpulane: {info.get('gpulane', '?')}. Python worker: {info.get('py_worker', '?')}. "
+        f"Activities {mode(first)}. "
         f"Median of {info.get('rounds', '?')} rounds; the load driver (also the workflow worker) "
         "shares the machine. The no-op worker answers at once: no worker can beat it on this load.",
         "",
