@@ -158,16 +158,34 @@ impl CardBudget {
         self.metrics.out_of_memory(&self.uuid, activity_type);
     }
 
+    /// Bytes a new permit may still take, from a reading of `free` bytes.
+    fn available(&self, s: &State, free: u64) -> u64 {
+        free.saturating_sub(self.opts.unseen_resident)
+            .saturating_sub(s.reserved)
+            .saturating_sub(self.opts.headroom)
+    }
+
+    /// How many more tasks of `activity_type` the card would admit now, one after the
+    /// other, from the last reading: what `gpulane admission` prints. Reserves nothing.
+    pub(crate) fn would_admit(&self, activity_type: &str) -> Result<usize, String> {
+        let s = self.lock();
+        let free = *s.free.as_ref().map_err(Clone::clone)?;
+        let slots = self.opts.cap.saturating_sub(s.outstanding);
+        let cost = s.estimates.get(activity_type).copied().unwrap_or(0);
+        let by_memory = match self.available(&s, free).checked_div(cost) {
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            None => usize::MAX,
+        };
+        Ok(slots.min(by_memory))
+    }
+
     fn try_admit(&self, cost: u64) -> Result<(), Blocked> {
         let mut s = self.lock();
         let free = *s.free.as_ref().map_err(|_| Blocked::NoReading)?;
         if s.outstanding >= self.opts.cap {
             return Err(Blocked::Cap);
         }
-        let available = free
-            .saturating_sub(self.opts.unseen_resident)
-            .saturating_sub(s.reserved)
-            .saturating_sub(self.opts.headroom);
+        let available = self.available(&s, free);
         if available < cost {
             return Err(Blocked::Memory);
         }
@@ -427,6 +445,26 @@ mod tests {
             "a third would over-commit"
         );
         assert_eq!(b.reserved(), 4 * GIB);
+    }
+
+    #[test]
+    fn would_admit_counts_what_reservations_would_grant() {
+        let b = budget(100, GIB);
+        assert!(b.would_admit("embed").is_err(), "no reading yet");
+        b.set_reading(Ok(7 * GIB)); // 6 GiB usable: three 2 GiB tasks
+        assert_eq!(b.would_admit("embed"), Ok(3));
+        let lane = b.lane("gpu-tools", &["embed"]);
+        let _p = lane.try_reserve_slot(&Reserve).unwrap();
+        assert_eq!(b.would_admit("embed"), Ok(2));
+        b.set_reading(Ok(GIB)); // another tenant took the card
+        assert_eq!(b.would_admit("embed"), Ok(0));
+        assert_eq!(
+            budget(2, 0).would_admit("cheap"),
+            Err("no memory reading yet".into())
+        );
+        let capped = budget(2, 0);
+        capped.set_reading(Ok(8 * GIB));
+        assert_eq!(capped.would_admit("cheap"), Ok(2), "the cap binds first");
     }
 
     #[tokio::test(start_paused = true)]

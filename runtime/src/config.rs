@@ -24,6 +24,12 @@ pub enum Command {
     Devices(DeviceArgs),
     /// Load every declared model on the CPU and list what would be served.
     Models(ModelArgs),
+    /// Measure embedding throughput of one model per device and batch size (texts/s,
+    /// tokens/s), optionally writing the vectors for correctness checks.
+    Bench(Box<crate::bench::BenchArgs>),
+    /// Read each card's free memory now and print how many activities of the declared
+    /// models it would admit, with the same budget `run` uses; connects to nothing.
+    Admission(Box<RunArgs>),
 }
 
 /// Which models to serve; shared by `run` and `models`.

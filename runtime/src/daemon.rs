@@ -35,10 +35,12 @@ pub async fn run_cli(cli: Cli) -> Result<(), RuntimeError> {
             Ok(())
         }
         Command::Models(args) => print_models(&args).await,
+        Command::Bench(args) => crate::bench::run_bench(*args).await,
+        Command::Admission(args) => print_admission(&args).await,
     }
 }
 
-async fn resolve_models(args: &ModelArgs) -> Result<Vec<ModelSpec>, RuntimeError> {
+pub(crate) async fn resolve_models(args: &ModelArgs) -> Result<Vec<ModelSpec>, RuntimeError> {
     let hf_home = args.hf_home.clone().unwrap_or_else(|| {
         std::env::home_dir()
             .unwrap_or_else(|| "/".into())
@@ -117,7 +119,7 @@ fn host_name(args: &DeviceArgs) -> String {
 
 /// The inventory the flags ask for. A machine without NVML (or without cards) is normal:
 /// it logs why and returns an empty inventory.
-fn inventory(args: &DeviceArgs) -> Result<Arc<dyn DeviceInventory>, RuntimeError> {
+pub(crate) fn inventory(args: &DeviceArgs) -> Result<Arc<dyn DeviceInventory>, RuntimeError> {
     let visible = args.cuda_visible_devices.as_deref();
     if let Some(spec) = &args.simulate_gpus {
         let (count, bytes) = parse_simulate_spec(spec)?;
@@ -184,11 +186,92 @@ fn print_devices(args: &DeviceArgs) {
     }
 }
 
+/// `gpulane admission`: each selected card's budget, built as `run` builds it, fed one
+/// memory reading taken now, and how many activities of each type it would admit. The
+/// models load on the CPU (only their sizes matter), so their weights are counted as
+/// memory the card would still lose. One `key=value` line per card, for scripts.
+async fn print_admission(args: &RunArgs) -> Result<(), RuntimeError> {
+    let host = host_name(&args.devices);
+    let specs = resolve_models(&args.models).await?;
+    let inv = inventory(&args.devices)?;
+    let cards: Vec<GpuDevice> = plan(
+        &host,
+        inv.devices(),
+        &args.devices.gpu_selection(),
+        crate::config::CpuLane::Off,
+    )
+    .into_iter()
+    .filter_map(|p| p.gpu)
+    .collect();
+    if cards.is_empty() {
+        println!("gpus: none (inventory: {})", inv.source());
+        return Ok(());
+    }
+    let mut engines = Vec::new();
+    for m in specs.iter().filter(|m| m.on_gpu) {
+        engines.push(
+            Engine::start(
+                &m.name,
+                &m.path,
+                &EngineDevice::Cpu,
+                EngineOptions::default(),
+            )
+            .map_err(|source| RuntimeError::Model {
+                name: m.name.clone(),
+                device: "cpu".to_owned(),
+                source: Box::new(source),
+            })?,
+        );
+    }
+    if engines.is_empty() {
+        return Err(RuntimeError::Config(
+            "no declared model serves the gpu lanes".to_owned(),
+        ));
+    }
+    let set = ModelSet::new(engines);
+    for g in &cards {
+        let budget = card_budget(args, g, &set, &specs, Arc::default(), false)?;
+        let reading = inv.free_memory(&g.uuid);
+        let free = reading
+            .as_ref()
+            .map_or_else(|e| format!("error ({e})"), u64::to_string);
+        budget.set_reading(reading);
+        let admits = |activity: &str| {
+            budget
+                .would_admit(activity)
+                .map_or_else(|e| format!("none ({e})"), |n| n.to_string())
+        };
+        println!(
+            "gpu {index} {uuid} total_bytes={total} free_bytes={free} headroom_bytes={headroom} \
+             embed_cost_bytes={ec} admit_embed={ae} rerank_cost_bytes={rc} admit_rerank={ar}",
+            index = g.index,
+            uuid = g.uuid,
+            total = g.total_memory,
+            headroom = args
+                .headroom_bytes(g.total_memory)
+                .map_err(RuntimeError::Config)?,
+            ec = budget.estimate(activity::EMBED),
+            ae = admits(activity::EMBED),
+            rc = budget.estimate(activity::RERANK),
+            ar = admits(activity::RERANK),
+        );
+    }
+    Ok(())
+}
+
 fn engine_device(plan: &DevicePlan) -> Result<EngineDevice, RuntimeError> {
     match &plan.gpu {
         None => Ok(EngineDevice::Cpu),
         Some(g) if g.simulated => Ok(EngineDevice::Cpu),
-        Some(g) if cfg!(feature = "cuda") => Ok(EngineDevice::Cuda(g.cuda_ordinal)),
+        Some(g) if cfg!(feature = "cuda") => {
+            // The ordinal comes from NVML's order filtered by CUDA_VISIBLE_DEVICES; the
+            // driver confirms it opens this very card (devices/cuda.rs says why).
+            if crate::devices::check_cuda_ordinal(g)? {
+                tracing::info!(gpu_uuid = %g.uuid, cuda_ordinal = g.cuda_ordinal,
+                    "CUDA ordinal verified against the card's UUID");
+            }
+            Ok(EngineDevice::Cuda(g.cuda_ordinal))
+        }
         Some(g) => Err(RuntimeError::Config(format!(
             "found GPU {} but this gpulane was built without the `cuda` feature: rebuild with \
              `--features cuda` (scripts/cuda-build.sh), or pass --gpus none to serve the CPU lane",
@@ -206,6 +289,7 @@ fn card_budget(
     models: &ModelSet,
     specs: &[ModelSpec],
     metrics: Arc<Metrics>,
+    weights_on_card: bool,
 ) -> Result<Arc<CardBudget>, RuntimeError> {
     let spec = |name: &str| {
         specs
@@ -282,7 +366,13 @@ fn card_budget(
         BudgetOptions {
             headroom,
             cap: args.max_concurrent_per_card,
-            unseen_resident: if gpu.simulated { resident } else { 0 },
+            // NVML sees weights once they are loaded on a real card; simulated cards
+            // and `gpulane admission` (which loads nothing on the card) must count them.
+            unseen_resident: if gpu.simulated || !weights_on_card {
+                resident
+            } else {
+                0
+            },
             estimates,
         },
         metrics,
@@ -391,6 +481,7 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
                 acts.models(),
                 &models,
                 metrics.clone(),
+                true,
             )?),
             None => None,
         };

@@ -20,6 +20,15 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    /// A file named by a flag could not be written.
+    #[error("writing {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The device inventory failed.
     #[error("devices: {0}")]
     Device(#[from] DeviceError),

@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 mod admission;
+mod bench;
 mod config;
 mod daemon;
 mod devices;
@@ -18,6 +19,7 @@ mod units;
 mod worker;
 
 pub use crate::{
+    bench::{BenchArgs, BenchDevice},
     config::{Cli, Command, CpuLane, DeviceArgs, ModelArgs, RunArgs, Secret},
     daemon::run_cli,
     devices::DeviceError,

@@ -3,10 +3,12 @@
 //! through `nvml-wrapper`, which loads `libnvidia-ml.so` at run time: a machine without
 //! it, or without cards, is normal and serves the CPU lane.
 
+mod cuda;
 mod nvml;
 mod simulated;
 mod visible;
 
+pub(crate) use cuda::check_cuda_ordinal;
 pub(crate) use nvml::NvmlInventory;
 pub(crate) use simulated::{parse_simulate_spec, SimulatedInventory};
 pub(crate) use visible::filter_visible;
@@ -48,6 +50,18 @@ pub enum DeviceError {
         /// NVML's error.
         #[source]
         source: nvml_wrapper::error::NvmlError,
+    },
+    /// The card's CUDA ordinal does not open that card, or the driver could not say which
+    /// card it opens. Not retryable: CUDA and NVML number the cards differently
+    /// (`CUDA_DEVICE_ORDER`, `CUDA_VISIBLE_DEVICES`), so work would land on the wrong card.
+    #[error("card {uuid} (CUDA ordinal {ordinal}): {reason}")]
+    CudaOrdinal {
+        /// The card, by NVML UUID.
+        uuid: String,
+        /// The ordinal computed for it.
+        ordinal: usize,
+        /// What the driver said.
+        reason: String,
     },
     /// The card is not in the inventory. Not retryable; this is a bug in the caller.
     #[error("no such GPU: {0}")]
