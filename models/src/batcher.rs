@@ -184,6 +184,11 @@ fn run_round(model: &dyn Forward, limits: &BatchLimits, round: Vec<Request>) {
     while start < rows.len() {
         // Rows of calls nobody waits for any more leave the queue here.
         if !open[rows[start].0].wanted() {
+            let o = &mut open[rows[start].0];
+            if let Some(reply) = o.reply.take() {
+                tracing::debug!(parent: &o.span, rows_left = o.left, "call abandoned; its rows leave the queue");
+                drop(reply);
+            }
             start += 1;
             continue;
         }
@@ -199,7 +204,19 @@ fn run_round(model: &dyn Forward, limits: &BatchLimits, round: Vec<Request>) {
             end += 1;
         }
         let inputs: Vec<&Row> = batch.iter().map(|&i| &rows[i].2).collect();
-        match model.forward(&inputs).map_err(ModelError::classify) {
+        let mut calls: Vec<usize> = batch.iter().map(|&i| rows[i].0).collect();
+        calls.sort_unstable();
+        calls.dedup();
+        let began = Instant::now();
+        let result = model.forward(&inputs).map_err(ModelError::classify);
+        tracing::debug!(
+            rows = batch.len(),
+            calls = calls.len(),
+            width = inputs.last().map_or(0, |r| r.len()),
+            ms = began.elapsed().as_secs_f64() * 1e3,
+            "batch"
+        );
+        match result {
             Ok(outs) => {
                 assert_eq!(
                     outs.len(),

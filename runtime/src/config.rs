@@ -200,17 +200,20 @@ pub struct RunArgs {
     #[arg(long, env = "GPULANE_MEMORY_REFRESH_MS", default_value_t = 500)]
     pub memory_refresh_ms: u64,
 
-    /// Most activities running at once on the CPU lane (the resource-based tuner's maximum).
-    #[arg(long, env = "GPULANE_MAX_CONCURRENT_CPU", default_value_t = 4)]
+    /// Most activities running at once on the CPU lanes (together). Concurrent activities
+    /// share forward passes, so this is also how many calls one batch can gather.
+    #[arg(long, env = "GPULANE_MAX_CONCURRENT_CPU", default_value_t = 32)]
     pub max_concurrent_cpu: usize,
 
-    /// The CPU lane admits work while system memory use is below this fraction (0.0-1.0).
-    #[arg(long, env = "GPULANE_CPU_TARGET_MEMORY", default_value_t = 0.8)]
-    pub cpu_target_memory: f64,
+    /// Milliseconds a model's engine waits for more activities to fill a batch after the
+    /// first one arrives; 0 runs each activity's texts on their own.
+    #[arg(long, env = "GPULANE_BATCH_WAIT_MS", default_value_t = 2)]
+    pub batch_wait_ms: u64,
 
-    /// The CPU lane admits work while CPU use is below this fraction (0.0-1.0).
-    #[arg(long, env = "GPULANE_CPU_TARGET_CPU", default_value_t = 0.9)]
-    pub cpu_target_cpu: f64,
+    /// Most texts (or query-document pairs) in one forward pass, over all the activities
+    /// batched together; a model's max_batch_tokens also bounds it.
+    #[arg(long, env = "GPULANE_BATCH_ROWS", default_value_t = 32)]
+    pub batch_rows: usize,
 
     /// Where to serve /metrics, /healthz and /readyz (host:port; port 0 picks one; `off`
     /// disables).

@@ -7,7 +7,7 @@ use gpulane_models::{DType, Engine, EngineDevice, EngineOptions, ModelKind};
 use gpulane_proto::activity;
 use temporalio_common::{telemetry::TelemetryOptions, worker::WorkerTaskTypes};
 use temporalio_sdk_core::{
-    init_worker, CoreRuntime, PollerBehavior, ResourceBasedTuner, ResourceSlotOptions,
+    init_worker, CoreRuntime, PollerBehavior,
     RuntimeOptions, SlotSupplierOptions, TunerHolderOptions, Worker, WorkerConfig, WorkerTuner,
     WorkerVersioningStrategy,
 };
@@ -439,7 +439,8 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
                 // The CPU (and simulated cards) always compute in f32.
                 dtype: if on_cpu { DType::F32 } else { m.dtype },
                 batch_tokens: m.batch_tokens,
-                ..EngineOptions::default()
+                batch_rows: Some(args.batch_rows),
+                batch_wait: Duration::from_millis(args.batch_wait_ms),
             };
             let engine = Engine::start(&m.name, &m.path, &device, opts).map_err(|source| {
                 RuntimeError::Model {
@@ -518,17 +519,19 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     )
     .map_err(|e| RuntimeError::Config(format!("starting sdk-core: {e}")))?;
 
-    // Both CPU lanes share one resource-based tuner: it admits work while the host's
-    // memory and CPU use are under their targets, up to --max-concurrent-cpu.
-    let cpu_tuner: Arc<dyn WorkerTuner + Send + Sync> = {
-        let mut t = ResourceBasedTuner::new(args.cpu_target_memory, args.cpu_target_cpu);
-        t.with_activity_slots_options(ResourceSlotOptions::new(
-            1,
-            args.max_concurrent_cpu,
-            Duration::from_millis(50),
-        ));
-        Arc::new(t)
-    };
+    // Both CPU lanes share one fixed pool of --max-concurrent-cpu slots. Not core's
+    // resource-based tuner: it stops issuing slots while CPU use is over its target, and
+    // a CPU inference worker keeps the CPU busy by design, so it starved the engine of
+    // the concurrent activities it batches (and ramped up at one slot per 50 ms).
+    // Waiting activities cost little memory: they hold token ids, not activations.
+    let cpu_tuner: Arc<dyn WorkerTuner + Send + Sync> = Arc::new(
+        TunerHolderOptions::builder()
+            .activity_slot_options(SlotSupplierOptions::FixedSize {
+                slots: args.max_concurrent_cpu,
+            })
+            .build_tuner_holder()
+            .map_err(|e| RuntimeError::Config(format!("CPU lane slots: {e}")))?,
+    );
     let activity_types = DeviceActivities::activity_types();
     let mut lanes = Vec::new();
     let mut tasks = tokio::task::JoinSet::new();

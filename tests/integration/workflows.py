@@ -87,4 +87,26 @@ class Try:
                               "non_retryable": cause.non_retryable}}
 
 
-ALL = [EmbedOn, PinnedPair, BadThenGood, Try]
+@workflow.defn
+class CancelAfter:
+    """Starts a long `embed` with a heartbeat timeout, cancels it after `seconds`, and
+    reports how it ended. Heartbeats are how the cancellation reaches the worker."""
+
+    @workflow.run
+    async def run(self, queue: str, payload: dict, seconds: float) -> str:
+        handle = workflow.start_activity(
+            "embed", payload, task_queue=queue, start_to_close_timeout=timedelta(seconds=600),
+            heartbeat_timeout=timedelta(seconds=2),
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+        await workflow.sleep(seconds)
+        handle.cancel()
+        try:
+            await handle
+            return "completed"
+        except ActivityError as e:
+            return type(e.cause).__name__
+
+
+ALL = [EmbedOn, PinnedPair, BadThenGood, Try, CancelAfter]
