@@ -87,7 +87,10 @@ impl Progress {
     }
 }
 
-pub(crate) type Reply = oneshot::Sender<Result<Vec<Vec<f32>>, ModelError>>;
+/// A call's outputs, one vector per row in input order, or why its batch failed.
+pub(crate) type Outputs = Result<Vec<Vec<f32>>, ModelError>;
+
+pub(crate) type Reply = oneshot::Sender<Outputs>;
 
 /// One call waiting for the model.
 pub(crate) struct Request {
@@ -285,7 +288,7 @@ mod tests {
     #[derive(Default)]
     struct Fake {
         batches: Mutex<Vec<Vec<u32>>>,
-        drop_during_first: Mutex<Option<Receiver<Result<Vec<Vec<f32>>, ModelError>>>>,
+        drop_during_first: Mutex<Option<Receiver<Outputs>>>,
         fail_on: Option<u32>,
     }
 
@@ -321,7 +324,7 @@ mod tests {
         }
     }
 
-    fn request(rows: Vec<Row>) -> (Request, Receiver<Result<Vec<Vec<f32>>, ModelError>>) {
+    fn request(rows: Vec<Row>) -> (Request, Receiver<Outputs>) {
         let (reply, rx) = oneshot::channel();
         let req = Request {
             rows,

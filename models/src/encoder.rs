@@ -217,16 +217,20 @@ impl Encoder {
         let b = rows.len();
         let t = lens.iter().copied().max().unwrap_or(0);
         let mut starts = Vec::with_capacity(b);
-        let (mut ids, mut types, mut pos) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        // Attention gathers padded [B, T] from packed rows and scatters back; padded
-        // slots read any real row (the row's first) and are masked out of the softmax.
-        let mut gather = Vec::with_capacity(b * t);
-        let mut scatter = Vec::with_capacity(n);
-        let mut mask = Vec::with_capacity(b * t);
+        let mut ids: Vec<u32> = Vec::with_capacity(n);
+        let mut types: Vec<u32> = Vec::with_capacity(n);
+        let mut pos: Vec<u32> = Vec::with_capacity(n);
+        // Off the fused CPU path, attention gathers padded [B, T] from packed rows and
+        // scatters back; padded slots read any real row (the row's first) and are masked
+        // out of the softmax.
+        let mut gather: Vec<u32> = Vec::new();
+        let mut scatter: Vec<u32> = Vec::new();
+        let mut mask: Vec<f32> = Vec::new();
+        let padded = !(self.device.is_cpu() && self.word.dtype() == DType::F32);
+        let first_position = match self.positions {
+            Positions::FromZero => 0,
+            Positions::AfterPadding(pad) => pad + 1,
+        };
         for (i, r) in rows.iter().enumerate() {
             let start = ids.len();
             starts.push(start);
@@ -236,24 +240,28 @@ impl Encoder {
             } else {
                 types.extend_from_slice(&r.types);
             }
-            let first = match self.positions {
-                Positions::FromZero => 0,
-                Positions::AfterPadding(pad) => pad + 1,
-            };
-            pos.extend((0..r.len() as u32).map(|p| first + p));
-            for k in 0..t {
-                gather.push((start + k.min(r.len().saturating_sub(1))) as u32);
-                mask.push(if k < r.len() { 0f32 } else { f32::NEG_INFINITY });
+            pos.extend((0..r.len() as u32).map(|p| first_position + p));
+            if padded {
+                for k in 0..t {
+                    gather.push((start + k.min(r.len().saturating_sub(1))) as u32);
+                    mask.push(if k < r.len() { 0f32 } else { f32::NEG_INFINITY });
+                }
+                scatter.extend((0..r.len()).map(|k| (i * t + k) as u32));
             }
-            scatter.extend((0..r.len()).map(|k| (i * t + k) as u32));
         }
         let dev = &self.device;
         let ids = Tensor::from_vec(ids, n, dev)?;
         let types = Tensor::from_vec(types, n, dev)?;
         let pos = Tensor::from_vec(pos, n, dev)?;
-        let gather = Tensor::from_vec(gather, b * t, dev)?;
-        let scatter = Tensor::from_vec(scatter, n, dev)?;
-        let mask = Tensor::from_vec(mask, (b, t), dev)?;
+        let pad = if padded {
+            Some((
+                Tensor::from_vec(gather, b * t, dev)?,
+                Tensor::from_vec(scatter, n, dev)?,
+                Tensor::from_vec(mask, (b, t), dev)?,
+            ))
+        } else {
+            None
+        };
 
         let x = ((self.word.index_select(&ids, 0)? + self.position.index_select(&pos, 0)?)?
             + self.token_type.index_select(&types, 0)?)?;
@@ -262,21 +270,26 @@ impl Encoder {
         let d = h / heads;
         for l in &self.layers {
             let qkv = x.matmul(&l.qkv)?.broadcast_add(&l.qkv_bias)?;
-            // [B*T, 3H] → [3, B, heads, T, d], one copy for Q, K and V together.
-            let qkv = qkv
-                .index_select(&gather, 0)?
-                .reshape((b, t, 3, heads, d))?
-                .permute((2, 0, 3, 1, 4))?
-                .contiguous()?;
-            let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
-            let scores = q.matmul(&k.t()?)?;
-            let probs = kernels::masked_softmax(&scores, &mask)?;
-            let ctx = probs
-                .matmul(&v)?
-                .transpose(1, 2)?
-                .contiguous()?
-                .reshape((b * t, h))?
-                .index_select(&scatter, 0)?;
+            let ctx = match &pad {
+                None => kernels::attention(&qkv, &starts, &lens, heads)?,
+                Some((gather, scatter, mask)) => {
+                    // [B*T, 3H] → [3, B, heads, T, d], one copy for Q, K and V together.
+                    let qkv = qkv
+                        .index_select(gather, 0)?
+                        .reshape((b, t, 3, heads, d))?
+                        .permute((2, 0, 3, 1, 4))?
+                        .contiguous()?;
+                    let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
+                    let scores = q.matmul(&k.t()?)?;
+                    let probs = kernels::masked_softmax(&scores, mask)?;
+                    probs
+                        .matmul(&v)?
+                        .transpose(1, 2)?
+                        .contiguous()?
+                        .reshape((b * t, h))?
+                        .index_select(scatter, 0)?
+                }
+            };
             let attn = ctx.matmul(&l.attn_out)?;
             x = kernels::add_norm(&attn, &x, &l.attn_norm, self.eps)?;
             let up = x.matmul(&l.inter)?;
@@ -337,5 +350,50 @@ impl Packed {
                 Tensor::stack(&rows, 0)?
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two packed rows: three tokens, then two.
+    fn packed() -> Packed {
+        let hidden = Tensor::new(
+            &[[1f32, 2.], [3., 4.], [5., 6.], [1., -1.], [3., 1.]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        Packed {
+            hidden,
+            starts: vec![0, 3],
+            lens: vec![3, 2],
+        }
+    }
+
+    fn pool(p: Pooling) -> Vec<Vec<f32>> {
+        packed().pool(p).unwrap().to_vec2().unwrap()
+    }
+
+    #[test]
+    fn mean_averages_each_rows_own_tokens() {
+        assert_eq!(pool(Pooling::Mean), vec![vec![3., 4.], vec![2., 0.]]);
+    }
+
+    #[test]
+    fn cls_takes_each_rows_first_token() {
+        assert_eq!(pool(Pooling::Cls), vec![vec![1., 2.], vec![1., -1.]]);
+    }
+
+    #[test]
+    fn max_stays_within_each_row() {
+        assert_eq!(pool(Pooling::Max), vec![vec![5., 6.], vec![3., 1.]]);
+    }
+
+    #[test]
+    fn mean_sqrt_len_divides_by_root_count() {
+        let out = pool(Pooling::MeanSqrtLen);
+        assert!((out[1][0] - 4. / 2f32.sqrt()).abs() < 1e-6 && out[1][1].abs() < 1e-6);
+        assert!((out[0][0] - 9. / 3f32.sqrt()).abs() < 1e-5);
     }
 }

@@ -86,9 +86,10 @@ impl ModelKind {
 
 /// The loaded model, shared by the engine thread (forward passes) and the handles
 /// (tokenizing on the blocking pool, finishing results).
+// Boxed: the two differ a lot in size.
 enum Loaded {
-    Embedder(Embedder),
-    CrossEncoder(CrossEncoder),
+    Embedder(Box<Embedder>),
+    CrossEncoder(Box<CrossEncoder>),
 }
 
 impl Forward for Loaded {
@@ -141,7 +142,7 @@ impl Engine {
             if let Some(t) = opts.batch_tokens {
                 limits.tokens = t;
             }
-            (Loaded::CrossEncoder(m), kind, limits)
+            (Loaded::CrossEncoder(Box::new(m)), kind, limits)
         } else {
             let mut m = Embedder::load(dir, &device, opts.dtype)?;
             if let Some(t) = opts.batch_tokens {
@@ -149,7 +150,7 @@ impl Engine {
             }
             let kind = ModelKind::Embedder(m.info().clone());
             let limits = m.limits(rows, opts.batch_wait);
-            (Loaded::Embedder(m), kind, limits)
+            (Loaded::Embedder(Box::new(m)), kind, limits)
         };
         let model = Arc::new(model);
         // Unbounded: the runtime's slots bound how many calls can be waiting.

@@ -93,7 +93,12 @@ impl ModelError {
         match self {
             ModelError::Candle(e) => {
                 let text = e.to_string();
+                // The driver says CUDA_ERROR_OUT_OF_MEMORY; cuBLAS and cuRAND report their
+                // own allocation failures (CUBLAS_STATUS_ALLOC_FAILED,
+                // CURAND_STATUS_ALLOCATION_FAILED).
                 if text.contains("OUT_OF_MEMORY")
+                    || text.contains("ALLOC_FAILED")
+                    || text.contains("ALLOCATION_FAILED")
                     || text.to_ascii_lowercase().contains("out of memory")
                 {
                     ModelError::OutOfMemory(text)
@@ -118,6 +123,11 @@ mod tests {
         .classify();
         assert!(matches!(e, ModelError::OutOfMemory(_)), "{e}");
         assert!(e.is_retryable());
+        let cublas = ModelError::Candle(candle_core::Error::Msg(
+            "cublas error: CUBLAS_STATUS_ALLOC_FAILED".into(),
+        ))
+        .classify();
+        assert!(matches!(cublas, ModelError::OutOfMemory(_)), "{cublas}");
         let other = ModelError::Candle(candle_core::Error::Msg("shape mismatch".into())).classify();
         assert!(matches!(other, ModelError::Candle(_)));
     }

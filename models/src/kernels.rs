@@ -10,7 +10,8 @@
 //! are compiled twice: once for AVX2+FMA (picked at run time) and once for the baseline.
 
 use candle_core::{
-    backend::BackendStorage, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape,
+    backend::BackendStorage, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result,
+    Shape,
     Tensor,
 };
 use rayon::prelude::*;
@@ -148,6 +149,60 @@ fn masked_softmax_body(x: &[f32], mask: &[f32], out: &mut [f32]) {
 }
 dispatch!(masked_softmax_row, masked_softmax_body, (x: &[f32], mask: &[f32], out: &mut [f32]));
 
+/// Attention for one sequence, every head: `qkv` holds its `len` packed rows of
+/// `[Q | K | V]` (3·H wide, Q pre-scaled by 1/√d), `out` its `len` rows of H. Per head, K
+/// is copied transposed so both inner loops are unit-stride multiply-adds over keys (for
+/// the scores) and over d (for the weighted sum of V): no `[T, T]` matrix is ever built.
+#[inline(always)]
+fn attention_body(qkv: &[f32], len: usize, heads: usize, out: &mut [f32], scratch: &mut Vec<f32>) {
+    let h = out.len() / len;
+    let d = h / heads;
+    scratch.clear();
+    scratch.resize(d * len + len, 0.0);
+    let (kt, scores) = scratch.split_at_mut(d * len);
+    out.fill(0.0);
+    for head in 0..heads {
+        let (qo, ko, vo) = (head * d, h + head * d, 2 * h + head * d);
+        for j in 0..len {
+            let k = &qkv[j * 3 * h + ko..j * 3 * h + ko + d];
+            for (c, &kc) in k.iter().enumerate() {
+                kt[c * len + j] = kc;
+            }
+        }
+        for i in 0..len {
+            let q = &qkv[i * 3 * h + qo..i * 3 * h + qo + d];
+            scores.fill(0.0);
+            for (c, &qc) in q.iter().enumerate() {
+                for (s, &k) in scores.iter_mut().zip(&kt[c * len..(c + 1) * len]) {
+                    *s += qc * k;
+                }
+            }
+            let mut max = f32::NEG_INFINITY;
+            for &s in scores.iter() {
+                max = max.max(s);
+            }
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = exp(*s - max);
+                sum += *s;
+            }
+            let o = &mut out[i * h + qo..i * h + qo + d];
+            for (j, &p) in scores.iter().enumerate() {
+                let v = &qkv[j * 3 * h + vo..j * 3 * h + vo + d];
+                for (o, &v) in o.iter_mut().zip(v) {
+                    *o += p * v;
+                }
+            }
+            let inv = 1.0 / sum;
+            for o in o.iter_mut() {
+                *o *= inv;
+            }
+        }
+    }
+}
+dispatch!(attention_seq, attention_body,
+    (qkv: &[f32], len: usize, heads: usize, out: &mut [f32], scratch: &mut Vec<f32>));
+
 // ---------------------------------------------------------------------------------------
 // Custom ops.
 
@@ -261,7 +316,58 @@ impl CustomOp2 for MaskedSoftmax {
     }
 }
 
-fn fused(t: &Tensor) -> bool {
+/// Self-attention over packed rows (see [`attention`]).
+struct PackedAttention<'a> {
+    starts: &'a [usize],
+    lens: &'a [usize],
+    heads: usize,
+}
+
+impl CustomOp1 for PackedAttention<'_> {
+    fn name(&self) -> &'static str {
+        "gpulane-packed-attention"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
+        let qkv = f32_slice(s1, l1, "attention qkv")?;
+        let (n, h3) = l1.shape().dims2()?;
+        let h = h3 / 3;
+        let mut out = vec![0f32; n * h];
+        // Each sequence's output rows are one contiguous block: split them off in order
+        // so sequences run in parallel without sharing anything mutable.
+        let mut blocks = Vec::with_capacity(self.lens.len());
+        let mut rest = out.as_mut_slice();
+        for &len in self.lens {
+            let (block, tail) = rest.split_at_mut(len * h);
+            blocks.push(block);
+            rest = tail;
+        }
+        blocks
+            .into_par_iter()
+            .zip(self.starts.par_iter().zip(self.lens.par_iter()))
+            .for_each_init(Vec::new, |scratch, (block, (&start, &len))| {
+                if len > 0 {
+                    let rows = &qkv[start * h3..(start + len) * h3];
+                    attention_seq(rows, len, self.heads, block, scratch);
+                }
+            });
+        Ok((CpuStorage::F32(out), Shape::from((n, h))))
+    }
+}
+
+/// Self-attention of packed rows: `qkv` is `[N, 3H]` (Q pre-scaled), rows `starts[i]..
+/// starts[i] + lens[i]` are sequence i, which attends only to itself; the result is
+/// `[N, H]`. CPU f32 only (callers use the padded path elsewhere).
+pub(crate) fn attention(qkv: &Tensor, starts: &[usize], lens: &[usize], heads: usize) -> Result<Tensor> {
+    qkv.apply_op1_no_bwd(&PackedAttention {
+        starts,
+        lens,
+        heads,
+    })
+}
+
+/// Whether [`attention`] and the other fused kernels run for this tensor.
+pub(crate) fn fused(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous()
 }
 
@@ -384,6 +490,49 @@ mod tests {
         let sum = (x.broadcast_add(&bias).unwrap() + &r).unwrap();
         let want = candle_nn::ops::layer_norm_slow(&sum, &g, &beta, 1e-12).unwrap();
         assert!(max_diff(&got, &want) < 1e-5);
+    }
+
+    #[test]
+    fn packed_attention_matches_padded_attention() {
+        let (heads, d) = (4, 8);
+        let h = heads * d;
+        let lens = [7usize, 1, 12, 5];
+        let starts: Vec<usize> = lens
+            .iter()
+            .scan(0, |s, &l| {
+                let start = *s;
+                *s += l;
+                Some(start)
+            })
+            .collect();
+        let n: usize = lens.iter().sum();
+        let qkv = randn(&[n, 3 * h], 1.0);
+        let got = attention(&qkv, &starts, &lens, heads).unwrap();
+        // Reference: each sequence on its own with plain candle ops.
+        for (&s, &len) in starts.iter().zip(&lens) {
+            let rows = qkv.narrow(0, s, len).unwrap();
+            let part = |k: usize| {
+                rows.narrow(1, k * h, h)
+                    .unwrap()
+                    .reshape((len, heads, d))
+                    .unwrap()
+                    .transpose(0, 1)
+                    .unwrap()
+                    .contiguous()
+                    .unwrap()
+            };
+            let (q, k, v) = (part(0), part(1), part(2));
+            let p = candle_nn::ops::softmax(&q.matmul(&k.t().unwrap()).unwrap(), D::Minus1).unwrap();
+            let want = p
+                .matmul(&v)
+                .unwrap()
+                .transpose(0, 1)
+                .unwrap()
+                .reshape((len, h))
+                .unwrap();
+            let diff = max_diff(&got.narrow(0, s, len).unwrap(), &want);
+            assert!(diff < 1e-5, "sequence at {s}: max diff {diff}");
+        }
     }
 
     #[test]

@@ -224,3 +224,26 @@ fn tiny_cross_encoder_matches_transformers() {
 fn tiny_xlmr_cross_encoder_matches_transformers() {
     check_cross_encoder("tiny-xlmr-cross-encoder");
 }
+
+/// The padded attention path (what CUDA and f16/bf16 run) agrees with the packed, fused
+/// CPU path: MiniLM in bf16 on the CPU takes the padded path, and must stay close to the
+/// f32 reference (bf16 keeps 8 bits of mantissa, hence the looser bound).
+#[test]
+fn minilm_padded_path_in_bf16_stays_close_to_the_reference() {
+    let dir = fixtures().join("minilm");
+    let r = reference(&dir.join("reference.json"));
+    let model = Embedder::load(
+        &minilm_dir(),
+        &candle_core::Device::Cpu,
+        candle_core::DType::BF16,
+    )
+    .unwrap();
+    let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
+    for (i, (g, w)) in out.vectors.iter().zip(floats(&r["embeddings"])).enumerate() {
+        let dot: f32 = g.iter().zip(&w).map(|(a, b)| a * b).sum();
+        let norms: f32 = g.iter().map(|a| a * a).sum::<f32>().sqrt()
+            * w.iter().map(|a| a * a).sum::<f32>().sqrt();
+        let cos = dot / norms.max(1e-12);
+        assert!(cos >= 0.99, "minilm bf16 [{i}]: cosine {cos}");
+    }
+}
