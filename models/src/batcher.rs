@@ -119,7 +119,9 @@ fn gather(first: Request, queue: &Receiver<Request>, limits: &BatchLimits) -> Ve
     let deadline = round[0].arrived + limits.wait;
     let (mut rows, mut tokens) = (0, 0);
     loop {
-        let last = round.last().expect("a round has a first call; this is a bug");
+        let last = round
+            .last()
+            .expect("a round has a first call; this is a bug");
         rows += last.rows.len();
         tokens += last.rows.iter().map(Row::len).sum::<usize>();
         if rows >= limits.rows || tokens >= limits.tokens {
@@ -128,7 +130,9 @@ fn gather(first: Request, queue: &Receiver<Request>, limits: &BatchLimits) -> Ve
         let left = deadline.saturating_duration_since(Instant::now());
         let next = if left.is_zero() {
             // Past the wait: still take what is already queued, without waiting more.
-            queue.try_recv().map_err(|e| matches!(e, TryRecvError::Empty))
+            queue
+                .try_recv()
+                .map_err(|e| matches!(e, TryRecvError::Empty))
         } else {
             queue
                 .recv_timeout(left)
@@ -369,7 +373,11 @@ mod tests {
         for b in batches.iter() {
             let width = b.iter().map(|&t| lens[t as usize - 1]).max().unwrap();
             assert!(b.len() <= 4, "{b:?} has more than 4 rows");
-            assert!(b.len() * width <= 20, "{b:?} pads to {} tokens", b.len() * width);
+            assert!(
+                b.len() * width <= 20,
+                "{b:?} pads to {} tokens",
+                b.len() * width
+            );
         }
         // Greedy: every batch but the last is as full as the budget allows.
         assert_eq!(batches.iter().map(Vec::len).sum::<usize>(), lens.len());
@@ -433,7 +441,10 @@ mod tests {
         // The long text ran in the first round, before most short calls were even taken.
         let batches = model.batches.lock().unwrap();
         let long_at = batches.iter().position(|b| b.contains(&100)).unwrap();
-        assert!(long_at <= 1, "long text ran in batch {long_at}: {batches:?}");
+        assert!(
+            long_at <= 1,
+            "long text ran in batch {long_at}: {batches:?}"
+        );
     }
 
     #[test]
@@ -450,7 +461,10 @@ mod tests {
         serve(&model, limits(32, 1000, 50), rx);
         assert_eq!(model.batches.lock().unwrap().len(), 1);
         for (i, mut r) in replies.into_iter().enumerate() {
-            assert_eq!(r.try_recv().unwrap().unwrap(), vec![vec![i as f32 + 1., 3.]]);
+            assert_eq!(
+                r.try_recv().unwrap().unwrap(),
+                vec![vec![i as f32 + 1., 3.]]
+            );
         }
     }
 

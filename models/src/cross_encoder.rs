@@ -11,8 +11,8 @@ use tokenizers::Tokenizer;
 
 use crate::{
     backbone::{truncate_at, Family},
-    encoder::Encoder,
     batcher::{run_now, BatchLimits, Forward, Row},
+    encoder::Encoder,
     st_dir::{count_parameters, default_batch_tokens, read_json, working_bytes, MAX_BATCH_ROWS},
     ModelError,
 };
@@ -209,7 +209,10 @@ impl Forward for CrossEncoder {
     /// One single-logit row per pair.
     fn forward(&self, batch: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
         let cls = self.encoder.forward(batch)?.first_tokens()?;
-        let logits = self.head.out.forward(&self.head.dense.forward(&cls)?.tanh()?)?;
+        let logits = self
+            .head
+            .out
+            .forward(&self.head.dense.forward(&cls)?.tanh()?)?;
         Ok(logits
             .to_dtype(DType::F32)?
             .to_device(&Device::Cpu)?

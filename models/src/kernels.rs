@@ -11,8 +11,7 @@
 
 use candle_core::{
     backend::BackendStorage, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result,
-    Shape,
-    Tensor,
+    Shape, Tensor,
 };
 use rayon::prelude::*;
 
@@ -110,20 +109,25 @@ fn add_norm_body(x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f3
     let h = x.len();
     let (bias, rest) = params.split_at(h);
     let (gamma, beta) = rest.split_at(h);
-    let mut sum = 0f32;
     for (((o, &v), &r), &b) in out.iter_mut().zip(x).zip(res).zip(bias) {
         *o = v + r + b;
-        sum += *o;
     }
-    let mean = sum / h as f32;
-    let mut var = 0f32;
-    for &o in out.iter() {
-        let d = o - mean;
-        var += d * d;
+    let mean = sum8(out) / h as f32;
+    for o in out.iter_mut() {
+        *o -= mean;
     }
+    let mut sq = [0f32; 8];
+    let chunks = out.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|d| d * d).sum();
+    for c in chunks {
+        for k in 0..8 {
+            sq[k] += c[k] * c[k];
+        }
+    }
+    let var = sq.iter().sum::<f32>() + tail;
     let inv = 1.0 / (var / h as f32 + eps).sqrt();
     for ((o, &g), &b) in out.iter_mut().zip(gamma).zip(beta) {
-        *o = (*o - mean) * inv * g + b;
+        *o = *o * inv * g + b;
     }
 }
 dispatch!(add_norm_row, add_norm_body,
@@ -132,76 +136,130 @@ dispatch!(add_norm_row, add_norm_body,
 /// out = softmax(x + mask) for one row of attention scores.
 #[inline(always)]
 fn masked_softmax_body(x: &[f32], mask: &[f32], out: &mut [f32]) {
-    let mut max = f32::NEG_INFINITY;
     for ((o, &v), &m) in out.iter_mut().zip(x).zip(mask) {
         *o = v + m;
-        max = max.max(*o);
     }
-    let mut sum = 0f32;
-    for o in out.iter_mut() {
-        *o = exp(*o - max);
-        sum += *o;
-    }
-    let inv = 1.0 / sum;
-    for o in out.iter_mut() {
-        *o *= inv;
-    }
+    softmax_body(out);
 }
 dispatch!(masked_softmax_row, masked_softmax_body, (x: &[f32], mask: &[f32], out: &mut [f32]));
 
 /// Attention for one sequence, every head: `qkv` holds its `len` packed rows of
-/// `[Q | K | V]` (3·H wide, Q pre-scaled by 1/√d), `out` its `len` rows of H. Per head, K
-/// is copied transposed so both inner loops are unit-stride multiply-adds over keys (for
-/// the scores) and over d (for the weighted sum of V): no `[T, T]` matrix is ever built.
-#[inline(always)]
-fn attention_body(qkv: &[f32], len: usize, heads: usize, out: &mut [f32], scratch: &mut Vec<f32>) {
+/// `[Q | K | V]` (3·H wide, Q pre-scaled by 1/√d), `out` its `len` rows of H. Per head,
+/// scores = Q·Kᵀ and out = softmax(scores)·V are two single-threaded gemm calls that read
+/// Q, K and V in place through strides (the caller runs sequences in parallel); only one
+/// `[len, len]` score matrix exists at a time, never the batch's `[B, heads, T, T]`.
+fn attention_seq(qkv: &[f32], len: usize, heads: usize, out: &mut [f32], scores: &mut Vec<f32>) {
     let h = out.len() / len;
     let d = h / heads;
-    scratch.clear();
-    scratch.resize(d * len + len, 0.0);
-    let (kt, scores) = scratch.split_at_mut(d * len);
-    out.fill(0.0);
+    let row = 3 * h as isize;
+    scores.clear();
+    scores.resize(len * len, 0.0);
     for head in 0..heads {
-        let (qo, ko, vo) = (head * d, h + head * d, 2 * h + head * d);
-        for j in 0..len {
-            let k = &qkv[j * 3 * h + ko..j * 3 * h + ko + d];
-            for (c, &kc) in k.iter().enumerate() {
-                kt[c * len + j] = kc;
-            }
+        let q = qkv[head * d..].as_ptr();
+        let k = qkv[h + head * d..].as_ptr();
+        let v = qkv[2 * h + head * d..].as_ptr();
+        // SAFETY: every index gemm forms stays inside the slices: Q, K and V rows i < len
+        // at stride 3H from their head's column, columns c < d; scores is len × len; the
+        // output block is len rows of H at this head's d columns. Nothing else aliases.
+        unsafe {
+            // scores[len, len] = Q[len, d] · Kᵀ[d, len]
+            gemm::gemm(
+                len,
+                len,
+                d,
+                scores.as_mut_ptr(),
+                1,
+                len as isize,
+                false,
+                q,
+                1,
+                row,
+                k,
+                row,
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
         }
-        for i in 0..len {
-            let q = &qkv[i * 3 * h + qo..i * 3 * h + qo + d];
-            scores.fill(0.0);
-            for (c, &qc) in q.iter().enumerate() {
-                for (s, &k) in scores.iter_mut().zip(&kt[c * len..(c + 1) * len]) {
-                    *s += qc * k;
-                }
-            }
-            let mut max = f32::NEG_INFINITY;
-            for &s in scores.iter() {
-                max = max.max(s);
-            }
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = exp(*s - max);
-                sum += *s;
-            }
-            let o = &mut out[i * h + qo..i * h + qo + d];
-            for (j, &p) in scores.iter().enumerate() {
-                let v = &qkv[j * 3 * h + vo..j * 3 * h + vo + d];
-                for (o, &v) in o.iter_mut().zip(v) {
-                    *o += p * v;
-                }
-            }
-            let inv = 1.0 / sum;
-            for o in o.iter_mut() {
-                *o *= inv;
-            }
+        for r in scores.chunks_mut(len) {
+            softmax_row(r);
+        }
+        // SAFETY: as above.
+        unsafe {
+            // out[len, d] = P[len, len] · V[len, d]
+            gemm::gemm(
+                len,
+                d,
+                len,
+                out[head * d..].as_mut_ptr(),
+                1,
+                h as isize,
+                false,
+                scores.as_ptr(),
+                1,
+                len as isize,
+                v,
+                1,
+                row,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
         }
     }
 }
-dispatch!(attention_seq, attention_body,
-    (qkv: &[f32], len: usize, heads: usize, out: &mut [f32], scratch: &mut Vec<f32>));
+
+/// Sum with eight independent accumulators: a plain `+=` loop is one serial chain that
+/// strict IEEE order forbids the compiler to vectorize (this was most of softmax's time).
+#[inline(always)]
+fn sum8(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for k in 0..8 {
+            acc[k] += c[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Max with eight lanes and a compare-select the compiler turns into `maxps`.
+#[inline(always)]
+fn max8(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let chunks = x.chunks_exact(8);
+    let mut m = f32::NEG_INFINITY;
+    for &v in chunks.remainder() {
+        m = if v > m { v } else { m };
+    }
+    for c in chunks {
+        for k in 0..8 {
+            acc[k] = if c[k] > acc[k] { c[k] } else { acc[k] };
+        }
+    }
+    acc.iter().fold(m, |m, &v| if v > m { v } else { m })
+}
+
+#[inline(always)]
+fn softmax_body(x: &mut [f32]) {
+    let max = max8(x);
+    for v in x.iter_mut() {
+        *v = exp(*v - max);
+    }
+    let inv = 1.0 / sum8(x);
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+dispatch!(softmax_row, softmax_body, (x: &mut [f32]));
 
 // ---------------------------------------------------------------------------------------
 // Custom ops.
@@ -358,7 +416,12 @@ impl CustomOp1 for PackedAttention<'_> {
 /// Self-attention of packed rows: `qkv` is `[N, 3H]` (Q pre-scaled), rows `starts[i]..
 /// starts[i] + lens[i]` are sequence i, which attends only to itself; the result is
 /// `[N, H]`. CPU f32 only (callers use the padded path elsewhere).
-pub(crate) fn attention(qkv: &Tensor, starts: &[usize], lens: &[usize], heads: usize) -> Result<Tensor> {
+pub(crate) fn attention(
+    qkv: &Tensor,
+    starts: &[usize],
+    lens: &[usize],
+    heads: usize,
+) -> Result<Tensor> {
     qkv.apply_op1_no_bwd(&PackedAttention {
         starts,
         lens,
@@ -445,8 +508,8 @@ mod tests {
         let a = x.abs();
         if a > 3.0 {
             let x2 = a * a;
-            let series = 1.0 - 1.0 / (2.0 * x2) + 3.0 / (4.0 * x2 * x2)
-                - 15.0 / (8.0 * x2 * x2 * x2);
+            let series =
+                1.0 - 1.0 / (2.0 * x2) + 3.0 / (4.0 * x2 * x2) - 15.0 / (8.0 * x2 * x2 * x2);
             let erfc = (-x2).exp() / (a * std::f64::consts::PI.sqrt()) * series;
             return x.signum() * (1.0 - erfc);
         }
@@ -486,7 +549,11 @@ mod tests {
         let r = randn(&[29, 32], 2.0);
         let params = randn(&[3, 32], 1.0);
         let got = add_norm(&x, &r, &params, 1e-12).unwrap();
-        let (bias, g, beta) = (params.get(0).unwrap(), params.get(1).unwrap(), params.get(2).unwrap());
+        let (bias, g, beta) = (
+            params.get(0).unwrap(),
+            params.get(1).unwrap(),
+            params.get(2).unwrap(),
+        );
         let sum = (x.broadcast_add(&bias).unwrap() + &r).unwrap();
         let want = candle_nn::ops::layer_norm_slow(&sum, &g, &beta, 1e-12).unwrap();
         assert!(max_diff(&got, &want) < 1e-5);
@@ -522,7 +589,8 @@ mod tests {
                     .unwrap()
             };
             let (q, k, v) = (part(0), part(1), part(2));
-            let p = candle_nn::ops::softmax(&q.matmul(&k.t().unwrap()).unwrap(), D::Minus1).unwrap();
+            let p =
+                candle_nn::ops::softmax(&q.matmul(&k.t().unwrap()).unwrap(), D::Minus1).unwrap();
             let want = p
                 .matmul(&v)
                 .unwrap()
