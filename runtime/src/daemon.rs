@@ -7,9 +7,8 @@ use gpulane_models::{DType, Engine, EngineDevice, EngineOptions, ModelKind};
 use gpulane_proto::activity;
 use temporalio_common::{telemetry::TelemetryOptions, worker::WorkerTaskTypes};
 use temporalio_sdk_core::{
-    init_worker, CoreRuntime, PollerBehavior,
-    RuntimeOptions, SlotSupplierOptions, TunerHolderOptions, Worker, WorkerConfig, WorkerTuner,
-    WorkerVersioningStrategy,
+    init_worker, CoreRuntime, PollerBehavior, RuntimeOptions, SlotSupplierOptions,
+    TunerHolderOptions, Worker, WorkerConfig, WorkerTuner, WorkerVersioningStrategy,
 };
 
 use crate::{

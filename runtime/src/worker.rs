@@ -131,9 +131,7 @@ async fn execute(
     };
     let work = async {
         let input = input_json(&start.input)?;
-        activities
-            .run(&start.activity_type, input, &progress)
-            .await
+        activities.run(&start.activity_type, input, &progress).await
     };
     let result = tokio::select! {
         out = work => match out {
