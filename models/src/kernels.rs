@@ -4,9 +4,10 @@
 //! thread, softmax calls scalar `exp`, and bias-add, residual-add and layer-norm each
 //! allocate and walk a full activation tensor.
 //!
-//! Each public function runs the fused kernel for contiguous f32 tensors on the CPU and
-//! the equivalent chain of candle ops everywhere else (CUDA, f16/bf16), so callers never
-//! branch on the device. Kernels run on rayon's pool, the one candle's matmul uses, and
+//! `bias_gelu` and `add_norm` run the fused kernel for contiguous f32 tensors on the CPU
+//! and the equivalent chain of candle ops everywhere else (CUDA, f16/bf16), so callers
+//! never branch on the device; packed `attention` is CPU-f32 only, and `masked_softmax` is
+//! the padded attention path's plain-candle softmax for the other devices. Kernels run on rayon's pool, the one candle's matmul uses, and
 //! are compiled twice: once for AVX2+FMA (picked at run time) and once for the baseline.
 
 use candle_core::{
@@ -132,16 +133,6 @@ fn add_norm_body(x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f3
 }
 dispatch!(add_norm_row, add_norm_body,
     (x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f32]));
-
-/// out = softmax(x + mask) for one row of attention scores.
-#[inline(always)]
-fn masked_softmax_body(x: &[f32], mask: &[f32], out: &mut [f32]) {
-    for ((o, &v), &m) in out.iter_mut().zip(x).zip(mask) {
-        *o = v + m;
-    }
-    softmax_body(out);
-}
-dispatch!(masked_softmax_row, masked_softmax_body, (x: &[f32], mask: &[f32], out: &mut [f32]));
 
 /// Attention for one sequence, every head: `qkv` holds its `len` packed rows of
 /// `[Q | K | V]` (3·H wide, Q pre-scaled by 1/√d), `out` its `len` rows of H. Per head,
@@ -338,42 +329,6 @@ impl CustomOp3 for AddNorm {
     }
 }
 
-struct MaskedSoftmax;
-
-impl CustomOp2 for MaskedSoftmax {
-    fn name(&self) -> &'static str {
-        "gpulane-masked-softmax"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let x = f32_slice(s1, l1, "softmax scores")?;
-        let mask = f32_slice(s2, l2, "softmax mask")?;
-        let dims = l1.shape().dims();
-        // scores [B, heads, T, T], mask [B, T]: every (head, query) row of sequence b
-        // shares mask row b.
-        let (b, t) = (dims[0], dims[dims.len() - 1]);
-        let per_seq = x.len() / b;
-        let mut out = vec![0f32; x.len()];
-        out.par_chunks_mut(t * ROWS_PER_TASK)
-            .zip(x.par_chunks(t * ROWS_PER_TASK))
-            .enumerate()
-            .for_each(|(task, (o, x))| {
-                let first = task * t * ROWS_PER_TASK;
-                for (i, (o, x)) in o.chunks_mut(t).zip(x.chunks(t)).enumerate() {
-                    let seq = (first + i * t) / per_seq;
-                    masked_softmax_row(x, &mask[seq * t..(seq + 1) * t], o);
-                }
-            });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
-    }
-}
-
 /// Self-attention over packed rows (see [`attention`]).
 struct PackedAttention<'a> {
     starts: &'a [usize],
@@ -429,7 +384,7 @@ pub(crate) fn attention(
     })
 }
 
-/// Whether [`attention`] and the other fused kernels run for this tensor.
+/// Whether the fused CPU kernels (`bias_gelu`, `add_norm`) run for this tensor.
 pub(crate) fn fused(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous()
 }
@@ -456,15 +411,13 @@ pub(crate) fn add_norm(x: &Tensor, residual: &Tensor, params: &Tensor, eps: f32)
 }
 
 /// Softmax over the last dimension of attention scores `[B, heads, T, T]` plus an additive
-/// key mask `[B, T]` (0 for real tokens, −∞ for padding).
+/// key mask `[B, T]` (0 for real tokens, −∞ for padding): the padded attention path's
+/// softmax (CUDA, f16/bf16). The CPU in f32 runs [`attention`] instead, so this is plain
+/// candle ops.
 pub(crate) fn masked_softmax(scores: &Tensor, mask: &Tensor) -> Result<Tensor> {
-    if fused(scores) && fused(mask) {
-        scores.apply_op2_no_bwd(mask, &MaskedSoftmax)
-    } else {
-        let (b, t) = mask.dims2()?;
-        let mask = mask.reshape((b, 1, 1, t))?.to_dtype(scores.dtype())?;
-        candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?.contiguous()?)
-    }
+    let (b, t) = mask.dims2()?;
+    let mask = mask.reshape((b, 1, 1, t))?.to_dtype(scores.dtype())?;
+    candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?.contiguous()?)
 }
 
 /// The reference paths, for tests: the same results through plain candle ops.
@@ -633,7 +586,7 @@ mod tests {
             .unwrap()
             .to_scalar()
             .unwrap();
-        // exp's input is clamped at -87, so a masked key weighs ~1e-38, not exactly 0.
+        // A masked key gets (next to) no weight.
         assert!(padded < 1e-30, "padding got weight {padded}");
     }
 }

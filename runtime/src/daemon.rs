@@ -48,21 +48,26 @@ pub(crate) async fn resolve_models(args: &ModelArgs) -> Result<Vec<ModelSpec>, R
     resolve(declarations(args)?, &hf_home, args.hf_offline).await
 }
 
+/// Loads `m` on the CPU with default options, as the listings and estimates need it.
+fn start_on_cpu(m: &ModelSpec) -> Result<Engine, RuntimeError> {
+    Engine::start(
+        &m.name,
+        &m.path,
+        &EngineDevice::Cpu,
+        EngineOptions::default(),
+    )
+    .map_err(|source| RuntimeError::Model {
+        name: m.name.clone(),
+        device: "cpu".to_owned(),
+        source: Box::new(source),
+    })
+}
+
 /// `gpulane models`: loads each declared model on the CPU, as a worker would at start, and
 /// lists it; a model that cannot load fails the command naming the file.
 async fn print_models(args: &ModelArgs) -> Result<(), RuntimeError> {
     for m in resolve_models(args).await? {
-        let engine = Engine::start(
-            &m.name,
-            &m.path,
-            &EngineDevice::Cpu,
-            EngineOptions::default(),
-        )
-        .map_err(|source| RuntimeError::Model {
-            name: m.name.clone(),
-            device: "cpu".to_owned(),
-            source: Box::new(source),
-        })?;
+        let engine = start_on_cpu(&m)?;
         let lanes = match (m.on_gpu, m.on_cpu) {
             (true, true) => "gpu,cpu",
             (true, false) => "gpu",
@@ -208,19 +213,7 @@ async fn print_admission(args: &RunArgs) -> Result<(), RuntimeError> {
     }
     let mut engines = Vec::new();
     for m in specs.iter().filter(|m| m.on_gpu) {
-        engines.push(
-            Engine::start(
-                &m.name,
-                &m.path,
-                &EngineDevice::Cpu,
-                EngineOptions::default(),
-            )
-            .map_err(|source| RuntimeError::Model {
-                name: m.name.clone(),
-                device: "cpu".to_owned(),
-                source: Box::new(source),
-            })?,
-        );
+        engines.push(start_on_cpu(m)?);
     }
     if engines.is_empty() {
         return Err(RuntimeError::Config(
