@@ -1,7 +1,8 @@
-//! The encoder families gpulane runs, BERT and XLM-RoBERTa (multilingual-e5, bge-m3's
-//! dense encoder, bge-reranker), chosen by config.json's `model_type`, never by the
-//! model's name: what differs between them outside the forward pass (tokenizer
-//! alignment, usable positions). The forward pass itself is `encoder`.
+//! The encoder families gpulane runs, BERT, XLM-RoBERTa (multilingual-e5, bge-m3's
+//! dense encoder, bge-reranker) and ModernBERT (modernbert-embed, gte-modernbert), chosen
+//! by config.json's `model_type`, never by the model's name: what differs between them
+//! outside the forward pass (tokenizer alignment, usable positions). The forward passes
+//! themselves are `encoder` and `modernbert`.
 
 use serde_json::Value;
 use tokenizers::{
@@ -24,11 +25,23 @@ pub(crate) fn truncate_at(tok: &mut Tokenizer, max_length: usize) -> Result<(), 
 
 use crate::ModelError;
 
+/// The feed-forward width that bounds working memory: ModernBERT's `Wi` produces the
+/// input and its gate, twice `intermediate_size`.
+pub(crate) fn ffn_width(family: Option<Family>, config: &Value) -> usize {
+    let i = config["intermediate_size"].as_u64().unwrap_or(0) as usize;
+    if family == Some(Family::ModernBert) {
+        2 * i
+    } else {
+        i
+    }
+}
+
 /// Encoder families gpulane can load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Family {
     Bert,
     XlmRoberta,
+    ModernBert,
 }
 
 impl Family {
@@ -37,16 +50,26 @@ impl Family {
         match model_type {
             "bert" => Some(Family::Bert),
             "xlm-roberta" | "roberta" => Some(Family::XlmRoberta),
+            "modernbert" => Some(Family::ModernBert),
             _ => None,
         }
     }
 
     /// Longest input in tokens the position table allows. RoBERTa positions start after
-    /// the padding index, so its table holds `pad_token_id + 1` fewer usable positions.
+    /// the padding index, so its table holds `pad_token_id + 1` fewer usable positions;
+    /// ModernBERT's rotary positions have no table, and its config states the length it
+    /// was trained to.
     pub(crate) fn max_positions(self, config: &Value) -> usize {
-        let table = config["max_position_embeddings"].as_u64().unwrap_or(512) as usize;
+        let default = if self == Family::ModernBert {
+            8192
+        } else {
+            512
+        };
+        let table = config["max_position_embeddings"]
+            .as_u64()
+            .unwrap_or(default) as usize;
         match self {
-            Family::Bert => table,
+            Family::Bert | Family::ModernBert => table,
             Family::XlmRoberta => {
                 let pad = config["pad_token_id"].as_u64().unwrap_or(1) as usize;
                 table.saturating_sub(pad + 1)

@@ -113,9 +113,11 @@ impl Embedder {
         } else {
             &self.whole
         };
-        // sentence-transformers strips each text before tokenizing; with a Metaspace
-        // (sentencepiece) pre-tokenizer, "   " and "" tokenize differently, so do the same.
-        let inputs: Vec<&str> = texts.iter().map(|t| t.trim()).collect();
+        // Texts go to the tokenizer as they are, as sentence-transformers sends them: a
+        // byte-level BPE (ModernBERT) has tokens for spaces, so trimming would change the
+        // result; XLM-R's Metaspace drops edge whitespace itself once `align_tokenizer` has
+        // put WhitespaceSplit in front of it.
+        let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
         let encodings = tok
             .encode_batch(inputs, true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;

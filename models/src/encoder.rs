@@ -1,5 +1,6 @@
-//! gpulane's own BERT-family encoder forward pass (BERT and XLM-RoBERTa share it), over
-//! *packed* rows: the tokens of every row of a batch concatenated, with no padding.
+//! gpulane's own encoder forward passes, over *packed* rows: the tokens of every row of a
+//! batch concatenated, with no padding. BERT and XLM-RoBERTa share the one here;
+//! ModernBERT's is in `modernbert` and shares [`Batch`] (layout and attention).
 //!
 //! Why not candle-transformers' `BertModel`: it pads every row to the batch's longest and
 //! runs every dense layer over the padding too (17% of the tokens of a short-sentence
@@ -14,16 +15,49 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
-use crate::{batcher::Row, kernels, ModelError, Pooling};
+use crate::{backbone::Family, batcher::Row, kernels, modernbert::ModernBert, ModelError, Pooling};
 
-/// Which activation the feed-forward layer uses (config.json `hidden_act`).
+/// Which activation the feed-forward layer uses (config.json `hidden_act`, ModernBERT's
+/// `hidden_activation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Act {
+pub(crate) enum Act {
     /// `gelu`: the exact, erf-based GELU.
     Gelu,
     /// `gelu_new` / `gelu_pytorch_tanh`: the tanh approximation.
     GeluTanh,
     Relu,
+    /// `silu` / `swish`.
+    Silu,
+}
+
+impl Act {
+    /// The activation transformers' `ACT2FN` maps `name` to, if gpulane runs it.
+    pub(crate) fn parse(name: &str, path: &std::path::Path) -> Result<Self, ModelError> {
+        Ok(match name {
+            "gelu" => Act::Gelu,
+            "gelu_new" | "gelu_pytorch_tanh" => Act::GeluTanh,
+            "relu" => Act::Relu,
+            "silu" | "swish" => Act::Silu,
+            other => {
+                return Err(ModelError::Unsupported {
+                    path: path.to_owned(),
+                    reason: format!(
+                        "activation {other:?}; gpulane runs gelu, gelu_new, gelu_pytorch_tanh, relu and silu"
+                    ),
+                })
+            }
+        })
+    }
+
+    /// The activation, element-wise, through candle ops.
+    pub(crate) fn apply(self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Act::Gelu => x.gelu_erf(),
+            Act::GeluTanh => x.gelu(),
+            Act::Relu => x.relu(),
+            Act::Silu => x.silu(),
+        }
+    }
 }
 
 struct Layer {
@@ -53,8 +87,38 @@ enum Positions {
     AfterPadding(u32),
 }
 
-/// A loaded encoder. Blocking: call it from an engine thread.
-pub(crate) struct Encoder {
+/// A loaded encoder of any family gpulane runs. Blocking: call it from an engine thread.
+pub(crate) enum Encoder {
+    Bert(Bert),
+    ModernBert(ModernBert),
+}
+
+impl Encoder {
+    /// Loads the encoder of the checkpoint at `vb`, by config.json's `model_type`.
+    pub(crate) fn load(
+        config: &Value,
+        vb: VarBuilder,
+        path: &std::path::Path,
+    ) -> Result<Self, ModelError> {
+        match Family::of(config["model_type"].as_str().unwrap_or("bert")) {
+            Some(Family::ModernBert) => {
+                Ok(Encoder::ModernBert(ModernBert::load(config, vb, path)?))
+            }
+            _ => Ok(Encoder::Bert(Bert::load(config, vb, path)?)),
+        }
+    }
+
+    /// Token vectors for `rows`, packed (see the module doc).
+    pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
+        match self {
+            Encoder::Bert(m) => m.forward(rows),
+            Encoder::ModernBert(m) => m.forward(rows),
+        }
+    }
+}
+
+/// BERT and XLM-RoBERTa: learned absolute positions, post-norm layers.
+pub(crate) struct Bert {
     word: Tensor,
     position: Tensor,
     token_type: Tensor,
@@ -62,7 +126,6 @@ pub(crate) struct Encoder {
     embed_beta: Tensor,
     layers: Vec<Layer>,
     heads: usize,
-    hidden: usize,
     eps: f32,
     act: Act,
     positions: Positions,
@@ -78,7 +141,7 @@ pub(crate) struct Packed {
     pub(crate) lens: Vec<usize>,
 }
 
-fn num(config: &Value, key: &str, path: &std::path::Path) -> Result<usize, ModelError> {
+pub(crate) fn num(config: &Value, key: &str, path: &std::path::Path) -> Result<usize, ModelError> {
     config[key]
         .as_u64()
         .map(|v| v as usize)
@@ -105,7 +168,7 @@ fn prefix(vb: &VarBuilder, model_type: &str) -> String {
     String::new()
 }
 
-impl Encoder {
+impl Bert {
     /// Loads the encoder of a BERT or RoBERTa-family checkpoint. `vb` is at the
     /// checkpoint's root; the encoder's own prefix is found by looking.
     pub(crate) fn load(
@@ -139,16 +202,7 @@ impl Encoder {
                 )))
             }
         }
-        let act = match config["hidden_act"].as_str().unwrap_or("gelu") {
-            "gelu" => Act::Gelu,
-            "gelu_new" | "gelu_pytorch_tanh" => Act::GeluTanh,
-            "relu" => Act::Relu,
-            other => {
-                return Err(unsupported(format!(
-                    "hidden_act {other:?}; gpulane runs gelu, gelu_new, gelu_pytorch_tanh and relu"
-                )))
-            }
-        };
+        let act = Act::parse(config["hidden_act"].as_str().unwrap_or("gelu"), path)?;
         let positions = match model_type {
             "xlm-roberta" | "roberta" => {
                 Positions::AfterPadding(config["pad_token_id"].as_u64().unwrap_or(1) as u32)
@@ -201,7 +255,6 @@ impl Encoder {
             embed_beta: emb.get(hidden, "LayerNorm.bias")?,
             layers: loaded,
             heads,
-            hidden,
             eps,
             act,
             positions,
@@ -212,35 +265,90 @@ impl Encoder {
 
     /// Token vectors for `rows`, packed (see the module doc).
     pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
-        let lens: Vec<usize> = rows.iter().map(|r| r.len()).collect();
-        let n: usize = lens.iter().sum();
-        let b = rows.len();
-        let t = lens.iter().copied().max().unwrap_or(0);
-        let mut starts = Vec::with_capacity(b);
-        let mut ids: Vec<u32> = Vec::with_capacity(n);
-        let mut types: Vec<u32> = Vec::with_capacity(n);
-        let mut pos: Vec<u32> = Vec::with_capacity(n);
-        // Off the fused CPU path, attention gathers padded [B, T] from packed rows and
-        // scatters back; padded slots read any real row (the row's first) and are masked
-        // out of the softmax.
-        let mut gather: Vec<u32> = Vec::new();
-        let mut scatter: Vec<u32> = Vec::new();
-        let mut mask: Vec<f32> = Vec::new();
-        let padded = !(self.device.is_cpu() && self.word.dtype() == DType::F32);
+        let batch = Batch::new(rows, &self.device, self.word.dtype())?;
         let first_position = match self.positions {
             Positions::FromZero => 0,
             Positions::AfterPadding(pad) => pad + 1,
         };
-        for (i, r) in rows.iter().enumerate() {
-            let start = ids.len();
-            starts.push(start);
-            ids.extend_from_slice(&r.ids);
+        let mut types: Vec<u32> = Vec::with_capacity(batch.tokens());
+        for r in rows {
             if self.single_type {
                 types.extend(std::iter::repeat_n(0u32, r.len()));
             } else {
                 types.extend_from_slice(&r.types);
             }
-            pos.extend((0..r.len() as u32).map(|p| first_position + p));
+        }
+        let dev = &self.device;
+        let n = batch.tokens();
+        let types = Tensor::from_vec(types, n, dev)?;
+        let pos: Vec<u32> = batch.positions.iter().map(|p| first_position + p).collect();
+        let pos = Tensor::from_vec(pos, n, dev)?;
+
+        let x = ((self.word.index_select(&batch.ids, 0)?
+            + self.position.index_select(&pos, 0)?)?
+            + self.token_type.index_select(&types, 0)?)?;
+        let mut x = candle_nn::ops::layer_norm(&x, &self.embed_gamma, &self.embed_beta, self.eps)?;
+        for l in &self.layers {
+            let qkv = x.matmul(&l.qkv)?.broadcast_add(&l.qkv_bias)?;
+            let ctx = batch.attend(&qkv, self.heads, None)?;
+            let attn = ctx.matmul(&l.attn_out)?;
+            x = kernels::add_norm(&attn, &x, &l.attn_norm, self.eps)?;
+            let up = x.matmul(&l.inter)?;
+            let up = match self.act {
+                Act::Gelu => kernels::bias_gelu(&up, &l.inter_bias)?,
+                other => other.apply(&up.broadcast_add(&l.inter_bias)?)?,
+            };
+            let down = up.matmul(&l.out)?;
+            x = kernels::add_norm(&down, &x, &l.out_norm, self.eps)?;
+        }
+        Ok(batch.into_packed(x))
+    }
+}
+
+/// One batch's rows laid out for a forward pass: packed token ids, each token's position
+/// in its row, each row's start and length, and, off the fused CPU path, what the padded
+/// attention path needs.
+pub(crate) struct Batch {
+    /// `[N]` token ids of every row, concatenated.
+    pub(crate) ids: Tensor,
+    /// Each packed token's position within its row, from 0.
+    pub(crate) positions: Vec<u32>,
+    starts: Vec<usize>,
+    lens: Vec<usize>,
+    pad: Option<Padding>,
+}
+
+/// Off the fused CPU path, attention gathers padded `[B, T]` from packed rows and
+/// scatters back; padded slots read any real row (the row's first) and are masked out of
+/// the softmax.
+struct Padding {
+    b: usize,
+    t: usize,
+    gather: Tensor,
+    scatter: Tensor,
+    /// `[B, T]`: 0 for real tokens, −∞ for padding.
+    mask: Tensor,
+    /// The `[T, T]` sliding-window band, built on first use.
+    band: std::cell::OnceCell<Tensor>,
+}
+
+impl Batch {
+    /// Lays out `rows` for a model on `device` in `dtype`: only the CPU in f32 has the
+    /// fused packed attention kernel; everything else takes the padded path.
+    pub(crate) fn new(rows: &[&Row], device: &Device, dtype: DType) -> Result<Self, ModelError> {
+        let lens: Vec<usize> = rows.iter().map(|r| r.len()).collect();
+        let n: usize = lens.iter().sum();
+        let (b, t) = (rows.len(), lens.iter().copied().max().unwrap_or(0));
+        let padded = !(device.is_cpu() && dtype == DType::F32);
+        let mut starts = Vec::with_capacity(b);
+        let mut ids: Vec<u32> = Vec::with_capacity(n);
+        let mut positions: Vec<u32> = Vec::with_capacity(n);
+        let (mut gather, mut scatter, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, r) in rows.iter().enumerate() {
+            let start = ids.len();
+            starts.push(start);
+            ids.extend_from_slice(&r.ids);
+            positions.extend(0..r.len() as u32);
             if padded {
                 for k in 0..t {
                     gather.push((start + k.min(r.len().saturating_sub(1))) as u32);
@@ -249,63 +357,85 @@ impl Encoder {
                 scatter.extend((0..r.len()).map(|k| (i * t + k) as u32));
             }
         }
-        let dev = &self.device;
-        let ids = Tensor::from_vec(ids, n, dev)?;
-        let types = Tensor::from_vec(types, n, dev)?;
-        let pos = Tensor::from_vec(pos, n, dev)?;
         let pad = if padded {
-            Some((
-                Tensor::from_vec(gather, b * t, dev)?,
-                Tensor::from_vec(scatter, n, dev)?,
-                Tensor::from_vec(mask, (b, t), dev)?,
-            ))
+            Some(Padding {
+                b,
+                t,
+                gather: Tensor::from_vec(gather, b * t, device)?,
+                scatter: Tensor::from_vec(scatter, n, device)?,
+                mask: Tensor::from_vec(mask, (b, t), device)?,
+                band: Default::default(),
+            })
         } else {
             None
         };
-
-        let x = ((self.word.index_select(&ids, 0)? + self.position.index_select(&pos, 0)?)?
-            + self.token_type.index_select(&types, 0)?)?;
-        let mut x = candle_nn::ops::layer_norm(&x, &self.embed_gamma, &self.embed_beta, self.eps)?;
-        let (h, heads) = (self.hidden, self.heads);
-        let d = h / heads;
-        for l in &self.layers {
-            let qkv = x.matmul(&l.qkv)?.broadcast_add(&l.qkv_bias)?;
-            let ctx = match &pad {
-                None => kernels::attention(&qkv, &starts, &lens, heads)?,
-                Some((gather, scatter, mask)) => {
-                    // [B*T, 3H] → [3, B, heads, T, d], one copy for Q, K and V together.
-                    let qkv = qkv
-                        .index_select(gather, 0)?
-                        .reshape((b, t, 3, heads, d))?
-                        .permute((2, 0, 3, 1, 4))?
-                        .contiguous()?;
-                    let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
-                    let scores = q.matmul(&k.t()?)?;
-                    let probs = kernels::masked_softmax(&scores, mask)?;
-                    probs
-                        .matmul(&v)?
-                        .transpose(1, 2)?
-                        .contiguous()?
-                        .reshape((b * t, h))?
-                        .index_select(scatter, 0)?
-                }
-            };
-            let attn = ctx.matmul(&l.attn_out)?;
-            x = kernels::add_norm(&attn, &x, &l.attn_norm, self.eps)?;
-            let up = x.matmul(&l.inter)?;
-            let up = match self.act {
-                Act::Gelu => kernels::bias_gelu(&up, &l.inter_bias)?,
-                Act::GeluTanh => up.broadcast_add(&l.inter_bias)?.gelu()?,
-                Act::Relu => up.broadcast_add(&l.inter_bias)?.relu()?,
-            };
-            let down = up.matmul(&l.out)?;
-            x = kernels::add_norm(&down, &x, &l.out_norm, self.eps)?;
-        }
-        Ok(Packed {
-            hidden: x,
+        Ok(Self {
+            ids: Tensor::from_vec(ids, n, device)?,
+            positions,
             starts,
             lens,
+            pad,
         })
+    }
+
+    /// Real tokens in the batch.
+    pub(crate) fn tokens(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Self-attention of packed `qkv` (`[N, 3H]`, Q pre-scaled by 1/√d) to its context
+    /// `[N, H]`; with a `window` w a token sees only tokens within w positions of it.
+    pub(crate) fn attend(
+        &self,
+        qkv: &Tensor,
+        heads: usize,
+        window: Option<usize>,
+    ) -> Result<Tensor, ModelError> {
+        let Some(p) = &self.pad else {
+            return Ok(kernels::attention(
+                qkv,
+                &self.starts,
+                &self.lens,
+                heads,
+                window,
+            )?);
+        };
+        let h = qkv.dim(1)? / 3;
+        let (b, t, d) = (p.b, p.t, h / heads);
+        // [B*T, 3H] → [3, B, heads, T, d], one copy for Q, K and V together.
+        let qkv = qkv
+            .index_select(&p.gather, 0)?
+            .reshape((b, t, 3, heads, d))?
+            .permute((2, 0, 3, 1, 4))?
+            .contiguous()?;
+        let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
+        let scores = q.matmul(&k.t()?)?;
+        let band = match window {
+            Some(w) => Some(match p.band.get() {
+                Some(band) => band,
+                None => {
+                    let band = kernels::band(t, w, qkv.device())?;
+                    p.band.get_or_init(|| band)
+                }
+            }),
+            None => None,
+        };
+        let probs = kernels::masked_softmax(&scores, &p.mask, band)?;
+        Ok(probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b * t, h))?
+            .index_select(&p.scatter, 0)?)
+    }
+
+    /// The batch's final token vectors `hidden` (`[N, H]`), with the rows they belong to.
+    pub(crate) fn into_packed(self, hidden: Tensor) -> Packed {
+        Packed {
+            hidden,
+            starts: self.starts,
+            lens: self.lens,
+        }
     }
 }
 

@@ -104,6 +104,17 @@ fn bias_gelu_body(x: &[f32], bias: &[f32], out: &mut [f32]) {
 }
 dispatch!(bias_gelu_row, bias_gelu_body, (x: &[f32], bias: &[f32], out: &mut [f32]));
 
+/// out = GELU(input) · gate for one row of a gated feed-forward's up-projection,
+/// `x = [input | gate]` (ModernBERT's `Wi` output, split in halves as its `chunk(2)`).
+#[inline(always)]
+fn gated_gelu_body(x: &[f32], out: &mut [f32]) {
+    let (input, gate) = x.split_at(out.len());
+    for ((o, &v), &g) in out.iter_mut().zip(input).zip(gate) {
+        *o = gelu(v) * g;
+    }
+}
+dispatch!(gated_gelu_row, gated_gelu_body, (x: &[f32], out: &mut [f32]));
+
 /// out = LayerNorm(x + bias + residual) · gamma + beta, for one row.
 #[inline(always)]
 fn add_norm_body(x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f32]) {
@@ -139,7 +150,16 @@ dispatch!(add_norm_row, add_norm_body,
 /// scores = Q·Kᵀ and out = softmax(scores)·V are two single-threaded gemm calls that read
 /// Q, K and V in place through strides (the caller runs sequences in parallel); only one
 /// `[len, len]` score matrix exists at a time, never the batch's `[B, heads, T, T]`.
-fn attention_seq(qkv: &[f32], len: usize, heads: usize, out: &mut [f32], scores: &mut Vec<f32>) {
+/// With a `window` w, token i attends only to tokens j with |i − j| ≤ w (ModernBERT's
+/// local layers); the others get weight 0, as a −∞ score would give them.
+fn attention_seq(
+    qkv: &[f32],
+    len: usize,
+    heads: usize,
+    window: Option<usize>,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
     let h = out.len() / len;
     let d = h / heads;
     let row = 3 * h as isize;
@@ -176,8 +196,16 @@ fn attention_seq(qkv: &[f32], len: usize, heads: usize, out: &mut [f32], scores:
                 gemm::Parallelism::None,
             );
         }
-        for r in scores.chunks_mut(len) {
-            softmax_row(r);
+        for (i, r) in scores.chunks_mut(len).enumerate() {
+            match window {
+                Some(w) if w + 1 < len => {
+                    let (lo, hi) = (i.saturating_sub(w), (i + w + 1).min(len));
+                    softmax_row(&mut r[lo..hi]);
+                    r[..lo].fill(0.0);
+                    r[hi..].fill(0.0);
+                }
+                _ => softmax_row(r),
+            }
         }
         // SAFETY: as above.
         unsafe {
@@ -294,6 +322,29 @@ impl CustomOp2 for BiasGelu {
     }
 }
 
+struct GatedGelu;
+
+impl CustomOp1 for GatedGelu {
+    fn name(&self) -> &'static str {
+        "gpulane-gated-gelu"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, "gated-gelu x")?;
+        let (n, two_i) = l1.shape().dims2()?;
+        let i = two_i / 2;
+        let mut out = vec![0f32; n * i];
+        out.par_chunks_mut(i * ROWS_PER_TASK)
+            .zip(x.par_chunks(two_i * ROWS_PER_TASK))
+            .for_each(|(o, x)| {
+                for (o, x) in o.chunks_mut(i).zip(x.chunks(two_i)) {
+                    gated_gelu_row(x, o);
+                }
+            });
+        Ok((CpuStorage::F32(out), Shape::from((n, i))))
+    }
+}
+
 struct AddNorm {
     eps: f32,
 }
@@ -334,6 +385,7 @@ struct PackedAttention<'a> {
     starts: &'a [usize],
     lens: &'a [usize],
     heads: usize,
+    window: Option<usize>,
 }
 
 impl CustomOp1 for PackedAttention<'_> {
@@ -361,7 +413,7 @@ impl CustomOp1 for PackedAttention<'_> {
             .for_each_init(Vec::new, |scratch, (block, (&start, &len))| {
                 if len > 0 {
                     let rows = &qkv[start * h3..(start + len) * h3];
-                    attention_seq(rows, len, self.heads, block, scratch);
+                    attention_seq(rows, len, self.heads, self.window, block, scratch);
                 }
             });
         Ok((CpuStorage::F32(out), Shape::from((n, h))))
@@ -369,18 +421,21 @@ impl CustomOp1 for PackedAttention<'_> {
 }
 
 /// Self-attention of packed rows: `qkv` is `[N, 3H]` (Q pre-scaled), rows `starts[i]..
-/// starts[i] + lens[i]` are sequence i, which attends only to itself; the result is
-/// `[N, H]`. CPU f32 only (callers use the padded path elsewhere).
+/// starts[i] + lens[i]` are sequence i, which attends only to itself (and, with a
+/// `window` w, only to its tokens within w positions); the result is `[N, H]`. CPU f32
+/// only (callers use the padded path elsewhere).
 pub(crate) fn attention(
     qkv: &Tensor,
     starts: &[usize],
     lens: &[usize],
     heads: usize,
+    window: Option<usize>,
 ) -> Result<Tensor> {
     qkv.apply_op1_no_bwd(&PackedAttention {
         starts,
         lens,
         heads,
+        window,
     })
 }
 
@@ -398,6 +453,18 @@ pub(crate) fn bias_gelu(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// GELU (erf) of the first half of `x`'s last dimension times its second half: `[N, 2I]`
+/// in, `[N, I]` out.
+pub(crate) fn gated_gelu(x: &Tensor) -> Result<Tensor> {
+    if fused(x) {
+        x.apply_op1_no_bwd(&GatedGelu)
+    } else {
+        let i = x.dim(candle_core::D::Minus1)? / 2;
+        x.narrow(candle_core::D::Minus1, 0, i)?.gelu_erf()?
+            * x.narrow(candle_core::D::Minus1, i, i)?
+    }
+}
+
 /// LayerNorm(x + bias + residual) with `params` = [bias; gamma; beta] as one `[3, H]`
 /// tensor (one operand instead of three).
 pub(crate) fn add_norm(x: &Tensor, residual: &Tensor, params: &Tensor, eps: f32) -> Result<Tensor> {
@@ -411,13 +478,36 @@ pub(crate) fn add_norm(x: &Tensor, residual: &Tensor, params: &Tensor, eps: f32)
 }
 
 /// Softmax over the last dimension of attention scores `[B, heads, T, T]` plus an additive
-/// key mask `[B, T]` (0 for real tokens, −∞ for padding): the padded attention path's
-/// softmax (CUDA, f16/bf16). The CPU in f32 runs [`attention`] instead, so this is plain
-/// candle ops.
-pub(crate) fn masked_softmax(scores: &Tensor, mask: &Tensor) -> Result<Tensor> {
+/// key mask `[B, T]` (0 for real tokens, −∞ for padding) and, for sliding-window layers,
+/// an additive `[T, T]` band (see [`band`]): the padded attention path's softmax (CUDA,
+/// f16/bf16). The CPU in f32 runs [`attention`] instead, so this is plain candle ops.
+pub(crate) fn masked_softmax(
+    scores: &Tensor,
+    mask: &Tensor,
+    band: Option<&Tensor>,
+) -> Result<Tensor> {
     let (b, t) = mask.dims2()?;
     let mask = mask.reshape((b, 1, 1, t))?.to_dtype(scores.dtype())?;
-    candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?.contiguous()?)
+    let mut scores = scores.broadcast_add(&mask)?;
+    if let Some(band) = band {
+        scores = scores.broadcast_add(&band.to_dtype(scores.dtype())?)?;
+    }
+    candle_nn::ops::softmax_last_dim(&scores.contiguous()?)
+}
+
+/// The additive `[T, T]` mask of a sliding window: 0 where |i − j| ≤ `window`, −∞ beyond.
+pub(crate) fn band(t: usize, window: usize, device: &candle_core::Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..t * t)
+        .map(|k| {
+            let (i, j) = (k / t, k % t);
+            if i.abs_diff(j) <= window {
+                0.0
+            } else {
+                f32::NEG_INFINITY
+            }
+        })
+        .collect();
+    Tensor::from_vec(mask, (t, t), device)
 }
 
 /// The reference paths, for tests: the same results through plain candle ops.
@@ -527,7 +617,7 @@ mod tests {
             .collect();
         let n: usize = lens.iter().sum();
         let qkv = randn(&[n, 3 * h], 1.0);
-        let got = attention(&qkv, &starts, &lens, heads).unwrap();
+        let got = attention(&qkv, &starts, &lens, heads, None).unwrap();
         // Reference: each sequence on its own with plain candle ops.
         for (&s, &len) in starts.iter().zip(&lens) {
             let rows = qkv.narrow(0, s, len).unwrap();
@@ -557,6 +647,78 @@ mod tests {
     }
 
     #[test]
+    fn gated_gelu_matches_candle() {
+        let x = randn(&[37, 2 * 24], 2.0);
+        let got = gated_gelu(&x).unwrap();
+        let want = (x.narrow(1, 0, 24).unwrap().gelu_erf().unwrap() * x.narrow(1, 24, 24)).unwrap();
+        assert_eq!(got.dims(), &[37, 24]);
+        assert!(max_diff(&got, &want) < 1e-5);
+    }
+
+    /// A sliding window in the packed kernel is the padded path's band mask: the same
+    /// result for sequences shorter and longer than the window.
+    #[test]
+    fn windowed_packed_attention_matches_banded_padded_attention() {
+        let (heads, d, window) = (2, 8, 3);
+        let h = heads * d;
+        let lens = [12usize, 4, 9];
+        let t = 12;
+        let n: usize = lens.iter().sum();
+        let starts = [0usize, 12, 16];
+        let qkv = randn(&[n, 3 * h], 1.0);
+        let got = attention(&qkv, &starts, &lens, heads, Some(window)).unwrap();
+        let band = band(t, window, &Device::Cpu).unwrap();
+        for (&s, &len) in starts.iter().zip(&lens) {
+            // Pad the sequence to t rows; padded keys are masked out.
+            let rows = qkv.narrow(0, s, len).unwrap();
+            let rows = Tensor::cat(
+                &[
+                    rows,
+                    Tensor::zeros((t - len, 3 * h), DType::F32, &Device::Cpu).unwrap(),
+                ],
+                0,
+            )
+            .unwrap();
+            let part = |k: usize| {
+                rows.narrow(1, k * h, h)
+                    .unwrap()
+                    .reshape((1, t, heads, d))
+                    .unwrap()
+                    .transpose(1, 2)
+                    .unwrap()
+                    .contiguous()
+                    .unwrap()
+            };
+            let (q, k, v) = (part(0), part(1), part(2));
+            let mask: Vec<f32> = (0..t)
+                .map(|j| if j < len { 0.0 } else { f32::NEG_INFINITY })
+                .collect();
+            let mask = Tensor::from_vec(mask, (1, t), &Device::Cpu).unwrap();
+            let scores = q.matmul(&k.t().unwrap()).unwrap();
+            let p = masked_softmax(&scores, &mask, Some(&band)).unwrap();
+            let want = p
+                .matmul(&v)
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .reshape((t, h))
+                .unwrap()
+                .narrow(0, 0, len)
+                .unwrap();
+            let diff = max_diff(&got.narrow(0, s, len).unwrap(), &want);
+            assert!(diff < 1e-5, "sequence at {s}: max diff {diff}");
+        }
+        // The window matters: without it the long sequence comes out different.
+        let full = attention(&qkv, &starts, &lens, heads, None).unwrap();
+        assert!(
+            max_diff(
+                &full.narrow(0, 0, 12).unwrap(),
+                &got.narrow(0, 0, 12).unwrap()
+            ) > 1e-3
+        );
+    }
+
+    #[test]
     fn masked_softmax_matches_candle_and_ignores_padding() {
         let (b, h, t) = (3, 4, 11);
         let scores = randn(&[b, h, t, t], 4.0);
@@ -567,7 +729,7 @@ mod tests {
             }
         }
         let mask = Tensor::from_vec(mask, (b, t), &Device::Cpu).unwrap();
-        let got = masked_softmax(&scores, &mask).unwrap();
+        let got = masked_softmax(&scores, &mask, None).unwrap();
         let want = candle_nn::ops::softmax(
             &scores
                 .broadcast_add(&mask.reshape((b, 1, 1, t)).unwrap())

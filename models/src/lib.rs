@@ -13,6 +13,7 @@ mod encoder;
 mod engine;
 mod error;
 mod kernels;
+mod modernbert;
 mod pooling;
 mod st_dir;
 

@@ -2,7 +2,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::{backbone::Family, ModelError, Pooling};
+use crate::{
+    backbone::{ffn_width, Family},
+    ModelError, Pooling,
+};
 
 /// What a sentence-transformers model directory declares, read from its own files:
 /// `config.json` (architecture and sizes), `modules.json` (is there a `Normalize`
@@ -202,7 +205,7 @@ impl SentenceTransformerDir {
         let model_type = arch.model_type.clone().unwrap_or_else(|| "bert".to_owned());
         let family = Family::of(&model_type).ok_or_else(|| {
             unsupported(format!(
-                "model_type {model_type:?}; supported embedders: bert, xlm-roberta"
+                "model_type {model_type:?}; supported embedders: bert, xlm-roberta, modernbert"
             ))
         })?;
         let architecture = arch
@@ -217,9 +220,11 @@ impl SentenceTransformerDir {
                 | "XLMRobertaModel"
                 | "RobertaModel"
                 | "XLMRobertaForMaskedLM"
+                | "ModernBertModel"
+                | "ModernBertForMaskedLM"
         ) {
             return Err(unsupported(format!(
-                "architecture {architecture}; an embedder is a BertModel or XLMRobertaModel"
+                "architecture {architecture}; an embedder is a BertModel, XLMRobertaModel or ModernBertModel"
             )));
         }
         let dim = |key: &str| -> Result<usize, ModelError> {
@@ -268,7 +273,7 @@ impl SentenceTransformerDir {
             dimensions: dim("hidden_size")?,
             num_layers: dim("num_hidden_layers")?,
             num_heads: dim("num_attention_heads")?,
-            intermediate_size: dim("intermediate_size")?,
+            intermediate_size: ffn_width(Some(family), &config),
             parameters: count_parameters(&path.join("model.safetensors"))?,
             prompts: Default::default(),
             batch_tokens: default_batch_tokens(max_seq_length),

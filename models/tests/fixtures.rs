@@ -247,3 +247,79 @@ fn minilm_padded_path_in_bf16_stays_close_to_the_reference() {
         assert!(cos >= 0.99, "minilm bf16 [{i}]: cosine {cos}");
     }
 }
+
+/// Fixtures this repository generates itself (`models/tests/data/make_tiny_modernbert.py`,
+/// sentence-transformers on CPU in float32): ../shared/fixtures has no ModernBERT.
+fn own_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+/// ModernBERT with the hub's config spelling, no biases, mean pooling; its long texts
+/// run past the sliding window of its local layers.
+#[test]
+fn tiny_modernbert_mean_matches_sentence_transformers() {
+    let dir = own_fixture("tiny-modernbert-mean");
+    let r = reference(&dir.join("reference.json"));
+    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    assert_eq!(model.info().architecture, "ModernBertModel");
+    assert_eq!(model.info().pooling, gpulane_models::Pooling::Mean);
+    assert_eq!(model.info().max_seq_length, 128);
+    let texts = texts(&r);
+    let out = model.embed(&texts, EmbedOptions::default()).unwrap();
+    let want_counts: Vec<usize> = serde_json::from_value(r["token_counts"].clone()).unwrap();
+    assert_eq!(
+        out.token_counts, want_counts,
+        "token counts after truncation"
+    );
+    assert_close(
+        &out.vectors,
+        &floats(&r["embeddings"]),
+        "tiny-modernbert-mean",
+    );
+
+    // sentence-transformers' prompt_name prepends the model's prompt to each text.
+    let name = r["prompt_name"].as_str().unwrap();
+    let prompt = model.info().prompts[name].clone();
+    let prompted: Vec<String> = texts[..4].iter().map(|t| format!("{prompt}{t}")).collect();
+    let out = model.embed(&prompted, EmbedOptions::default()).unwrap();
+    assert_close(
+        &out.vectors,
+        &floats(&r["prompted_embeddings"]),
+        "tiny-modernbert-mean with its query prompt",
+    );
+}
+
+/// ModernBERT as transformers 5.x saves it (`layer_types`, `rope_parameters`), every bias
+/// on, CLS pooling.
+#[test]
+fn tiny_modernbert_cls_matches_sentence_transformers() {
+    let dir = own_fixture("tiny-modernbert-cls");
+    let r = reference(&dir.join("reference.json"));
+    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    assert_eq!(model.info().pooling, gpulane_models::Pooling::Cls);
+    let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
+    assert_close(
+        &out.vectors,
+        &floats(&r["embeddings"]),
+        "tiny-modernbert-cls",
+    );
+}
+
+/// ModernBERT on the padded attention path (CUDA's, and f16/bf16's): the band mask of
+/// its local layers must agree with the packed kernel's window.
+#[test]
+fn tiny_modernbert_padded_path_in_bf16_stays_close_to_the_reference() {
+    let dir = own_fixture("tiny-modernbert-mean");
+    let r = reference(&dir.join("reference.json"));
+    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::BF16).unwrap();
+    let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
+    for (i, (g, w)) in out.vectors.iter().zip(floats(&r["embeddings"])).enumerate() {
+        let dot: f32 = g.iter().zip(&w).map(|(a, b)| a * b).sum();
+        let norms: f32 = g.iter().map(|a| a * a).sum::<f32>().sqrt()
+            * w.iter().map(|a| a * a).sum::<f32>().sqrt();
+        let cos = dot / norms.max(1e-12);
+        assert!(cos >= 0.99, "modernbert bf16 [{i}]: cosine {cos}");
+    }
+}
