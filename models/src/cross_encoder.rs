@@ -1,20 +1,21 @@
 //! Cross-encoders (rerankers): a (query, document) pair in, one relevance logit out.
-//! `BertForSequenceClassification` (ms-marco MiniLM rerankers) and
-//! `XLMRobertaForSequenceClassification` (the bge-reranker architecture).
+//! `BertForSequenceClassification` (ms-marco MiniLM rerankers),
+//! `XLMRobertaForSequenceClassification` (the bge-reranker architecture) and
+//! `ModernBertForSequenceClassification` (gte-reranker-modernbert).
 
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Module};
-use candle_nn::{linear, Linear, VarBuilder};
+use candle_nn::{linear, linear_b, LayerNorm, Linear, VarBuilder};
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::{
-    backbone::{truncate_at, Family},
+    backbone::{ffn_width, truncate_at, Family},
     batcher::{run_now, BatchLimits, Forward, Row},
-    encoder::Encoder,
+    encoder::{Act, Encoder},
     st_dir::{count_parameters, default_batch_tokens, read_json, working_bytes, MAX_BATCH_ROWS},
-    ModelError,
+    ModelError, Pooling,
 };
 
 /// A cross-encoder's description.
@@ -59,12 +60,58 @@ pub struct Scores {
     pub token_counts: Vec<usize>,
 }
 
-/// The classification head on the first token: a tanh dense layer, then one logit.
-/// BERT calls them `bert.pooler.dense` and `classifier`, XLM-R `classifier.dense` and
-/// `classifier.out_proj`.
-struct Head {
-    dense: Linear,
-    out: Linear,
+/// The classification head over the encoder's token vectors.
+enum Head {
+    /// BERT and XLM-R: the first token, a tanh dense layer, then one logit. BERT calls
+    /// them `bert.pooler.dense` and `classifier`, XLM-R `classifier.dense` and
+    /// `classifier.out_proj`.
+    Tanh { dense: Linear, out: Linear },
+    /// ModernBERT: the first token or the mean of the pair's tokens
+    /// (`classifier_pooling`), then `head.dense`, its activation, `head.norm`, and the
+    /// `classifier` logit.
+    ModernBert {
+        pooling: Pooling,
+        dense: Linear,
+        act: Act,
+        norm: LayerNorm,
+        out: Linear,
+    },
+}
+
+impl Head {
+    /// ModernBERT's head, as config.json describes it.
+    fn modernbert(config: &Value, vb: &VarBuilder, dir: &Path) -> Result<Self, ModelError> {
+        let h = config["hidden_size"].as_u64().unwrap_or(0) as usize;
+        let eps = config["norm_eps"].as_f64().unwrap_or(1e-5);
+        let flag = |key: &str| config[key].as_bool().unwrap_or(false);
+        let head = vb.pp("head");
+        let norm_weight = head.get(h, "norm.weight")?;
+        let norm = if flag("norm_bias") {
+            LayerNorm::new(norm_weight, head.get(h, "norm.bias")?, eps)
+        } else {
+            LayerNorm::new_no_bias(norm_weight, eps)
+        };
+        let pooling = match config["classifier_pooling"].as_str().unwrap_or("cls") {
+            "cls" => Pooling::Cls,
+            "mean" => Pooling::Mean,
+            other => {
+                return Err(ModelError::Unsupported {
+                    path: dir.to_owned(),
+                    reason: format!("classifier_pooling {other:?}; gpulane runs cls and mean"),
+                })
+            }
+        };
+        Ok(Head::ModernBert {
+            pooling,
+            dense: linear_b(h, h, flag("classifier_bias"), head.pp("dense"))?,
+            act: Act::parse(
+                config["classifier_activation"].as_str().unwrap_or("gelu"),
+                dir,
+            )?,
+            norm,
+            out: linear(h, 1, vb.pp("classifier"))?,
+        })
+    }
 }
 
 /// A cross-encoder loaded on one device. Blocking: call it from an engine thread.
@@ -125,17 +172,20 @@ impl CrossEncoder {
         let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[weights], dtype, device)? };
         let h = config["hidden_size"].as_u64().unwrap_or(0) as usize;
         let head = match (family, architecture.as_str()) {
-            (Some(Family::Bert), "BertForSequenceClassification") => Head {
+            (Some(Family::Bert), "BertForSequenceClassification") => Head::Tanh {
                 dense: linear(h, h, vb.pp("bert.pooler.dense"))?,
                 out: linear(h, 1, vb.pp("classifier"))?,
             },
-            (Some(Family::XlmRoberta), "XLMRobertaForSequenceClassification") => Head {
+            (Some(Family::XlmRoberta), "XLMRobertaForSequenceClassification") => Head::Tanh {
                 dense: linear(h, h, vb.pp("classifier.dense"))?,
                 out: linear(h, 1, vb.pp("classifier.out_proj"))?,
             },
+            (Some(Family::ModernBert), "ModernBertForSequenceClassification") => {
+                Head::modernbert(&config, &vb, dir)?
+            }
             _ => {
                 return Err(unsupported(format!(
-                    "architecture {architecture:?}; rerankers are BertForSequenceClassification or XLMRobertaForSequenceClassification"
+                    "architecture {architecture:?}; rerankers are BertForSequenceClassification, XLMRobertaForSequenceClassification or ModernBertForSequenceClassification"
                 )))
             }
         };
@@ -149,7 +199,7 @@ impl CrossEncoder {
                 max_length,
                 hidden_size: config["hidden_size"].as_u64().unwrap_or(0) as usize,
                 parameters,
-                intermediate_size: config["intermediate_size"].as_u64().unwrap_or(0) as usize,
+                intermediate_size: ffn_width(family, &config),
                 num_heads: config["num_attention_heads"].as_u64().unwrap_or(1) as usize,
             },
         })
@@ -208,11 +258,22 @@ impl Scores {
 impl Forward for CrossEncoder {
     /// One single-logit row per pair.
     fn forward(&self, batch: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
-        let cls = self.encoder.forward(batch)?.first_tokens()?;
-        let logits = self
-            .head
-            .out
-            .forward(&self.head.dense.forward(&cls)?.tanh()?)?;
+        let tokens = self.encoder.forward(batch)?;
+        let logits = match &self.head {
+            Head::Tanh { dense, out } => {
+                out.forward(&dense.forward(&tokens.first_tokens()?)?.tanh()?)?
+            }
+            Head::ModernBert {
+                pooling,
+                dense,
+                act,
+                norm,
+                out,
+            } => {
+                let pooled = tokens.pool(*pooling)?.to_dtype(tokens.hidden.dtype())?;
+                out.forward(&norm.forward(&act.apply(&dense.forward(&pooled)?)?)?)?
+            }
+        };
         Ok(logits
             .to_dtype(DType::F32)?
             .to_device(&Device::Cpu)?

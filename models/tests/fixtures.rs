@@ -186,14 +186,15 @@ fn tiny_xlmr_mean_matches_sentence_transformers() {
 }
 
 fn check_cross_encoder(name: &str) {
-    let dir = fixtures().join(name);
+    check_cross_encoder_at(&fixtures().join(name));
+}
+
+fn check_cross_encoder_at(dir: &Path) {
+    let name = dir.file_name().unwrap().to_string_lossy();
     let r = reference(&dir.join("reference.json"));
-    let model = gpulane_models::CrossEncoder::load(
-        &dir,
-        &candle_core::Device::Cpu,
-        candle_core::DType::F32,
-    )
-    .unwrap();
+    let model =
+        gpulane_models::CrossEncoder::load(dir, &candle_core::Device::Cpu, candle_core::DType::F32)
+            .unwrap();
     assert_eq!(model.info().max_length, 128);
     for case in r["cases"].as_array().unwrap() {
         let query = case["query"].as_str().unwrap();
@@ -322,4 +323,11 @@ fn tiny_modernbert_padded_path_in_bf16_stays_close_to_the_reference() {
         let cos = dot / norms.max(1e-12);
         assert!(cos >= 0.99, "modernbert bf16 [{i}]: cosine {cos}");
     }
+}
+
+/// `ModernBertForSequenceClassification` (gte-reranker-modernbert's architecture), mean
+/// pooling before its head; the same cases as ../shared/fixtures/tiny-cross-encoder.
+#[test]
+fn tiny_modernbert_reranker_matches_transformers() {
+    check_cross_encoder_at(&own_fixture("tiny-modernbert-reranker"));
 }

@@ -15,7 +15,13 @@ Two models, to cover what real checkpoints differ in:
 - tiny-modernbert-cls: config.json as transformers 5.x `save_pretrained` writes it
   (`layer_types`, `rope_parameters`), every bias on, CLS pooling.
 
-Both use a small `local_attention` so that sliding-window layers truncate what a token
+- tiny-modernbert-reranker: `ModernBertForSequenceClassification` with one label (the
+  gte-reranker-modernbert architecture), mean pooling before its head, hub config
+  spelling, pairs truncated at `model_max_length` 128; its reference follows
+  ../shared/fixtures/tiny-cross-encoder (same queries and documents, `raw_scores` the
+  logits, `scores` their sigmoid), computed with transformers.
+
+All use a small `local_attention` so that sliding-window layers truncate what a token
 sees inside the fixture's longer texts, as 128 does in real models on long inputs.
 """
 
@@ -27,7 +33,13 @@ import sys
 import torch
 from sentence_transformers import SentenceTransformer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import ModernBertConfig, ModernBertModel
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    ModernBertConfig,
+    ModernBertForSequenceClassification,
+    ModernBertModel,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -197,6 +209,86 @@ def make(name: str, *, hub_format: bool, bias: bool, pooling: str, prompts: dict
     print(name, "written; token counts", counts, file=sys.stderr)
 
 
+def make_reranker(name: str, seed: int):
+    out = os.path.join(HERE, name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    tok = tokenizer()
+    tok.save(os.path.join(out, "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in SPECIALS}
+    write_json(
+        os.path.join(out, "tokenizer_config.json"),
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": 128,
+            "model_input_names": ["input_ids", "attention_mask"],
+            "unk_token": "[UNK]",
+            "cls_token": "[CLS]",
+            "sep_token": "[SEP]",
+            "pad_token": "[PAD]",
+            "mask_token": "[MASK]",
+        },
+    )
+    sizes = dict(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        hidden_activation="gelu",
+        max_position_embeddings=512,
+        norm_eps=1e-5,
+        norm_bias=False,
+        attention_bias=False,
+        mlp_bias=False,
+        local_attention=16,
+        pad_token_id=ids["[PAD]"],
+        bos_token_id=ids["[CLS]"],
+        cls_token_id=ids["[CLS]"],
+        eos_token_id=ids["[SEP]"],
+        sep_token_id=ids["[SEP]"],
+        classifier_pooling="mean",
+        classifier_activation="gelu",
+        classifier_bias=False,
+        num_labels=1,
+    )
+    rope = dict(global_attn_every_n_layers=3, global_rope_theta=160000.0, local_rope_theta=10000.0)
+    model = ModernBertForSequenceClassification(ModernBertConfig(**sizes, **rope))
+    randomize(model, seed)
+    model.save_pretrained(out)
+    cfg = {
+        "architectures": ["ModernBertForSequenceClassification"],
+        "model_type": "modernbert",
+        **{k: v for k, v in sizes.items() if k != "num_labels"},
+        **rope,
+        "id2label": {"0": "LABEL_0"},
+        "label2id": {"LABEL_0": 0},
+        "torch_dtype": "float32",
+    }
+    write_json(os.path.join(out, "config.json"), cfg)
+
+    shared = json.load(open(os.path.join(ROOT, "../shared/fixtures/tiny-cross-encoder/reference.json")))
+    tokz = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    cases = []
+    for case in shared["cases"]:
+        q, docs = case["query"], case["documents"]
+        enc = tokz([q] * len(docs), docs, padding=True, truncation=True, return_tensors="pt")
+        assert enc["input_ids"].shape[1] == 128, "the long document must be truncated"
+        with torch.no_grad():
+            logits = model(**enc).logits[:, 0]
+        cases.append(
+            {
+                "query": q,
+                "documents": docs,
+                "raw_scores": logits.tolist(),
+                "scores": torch.sigmoid(logits).tolist(),
+            }
+        )
+    write_json(os.path.join(out, "reference.json"), {"max_length": 128, "score": "sigmoid", "cases": cases})
+    print(name, "written", file=sys.stderr)
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     make(
@@ -208,3 +300,4 @@ if __name__ == "__main__":
         seed=1,
     )
     make("tiny-modernbert-cls", hub_format=False, bias=True, pooling="cls", prompts={}, seed=2)
+    make_reranker("tiny-modernbert-reranker", seed=3)
