@@ -25,7 +25,9 @@
 # BENCH_PY_MAX_CONCURRENT (the Python worker's activities in flight, 4) and
 # BENCH_PY_INFERENCES (its model.encode calls at once, 1), BENCH_FANOUT=1 (each round's
 # activities from one workflow instead of one workflow each: see benches/load.py),
-# BENCH_SKIP_BUILD=1 (use the gpulane binary as it is; do not run scripts/setup.sh).
+# BENCH_SKIP_BUILD=1 (use the gpulane binary as it is; do not run scripts/setup.sh),
+# BENCH_MODEL=modernbert-mini (the model for all parts: a random-weight ModernBERT the
+# size of MiniLM, made by benches/make_modernbert.py, instead of all-MiniLM-L6-v2).
 #
 # All traffic stays on 127.0.0.1 (free ports); every command is under a time limit, and
 # every process started here is stopped on exit, error or Ctrl-C.
@@ -103,6 +105,16 @@ if [ ! -x "$PY" ] || [ "$(cat .venv-bench/.requirements.sha256 2>/dev/null)" != 
   echo "$REQ_SHA" > .venv-bench/.requirements.sha256
 fi
 MODEL=$(scripts/model-dir.sh)
+case "${BENCH_MODEL:-minilm}" in
+  minilm) ;;
+  modernbert-mini)
+    if [ ! -f "$OUT/modernbert-mini/model.safetensors" ]; then
+      say "setup: a random-weight ModernBERT of MiniLM's size (benches/make_modernbert.py)"
+      bounded 600 "$PY" benches/make_modernbert.py --minilm "$MODEL" --out "$OUT/modernbert-mini" >&2
+    fi
+    MODEL=$OUT/modernbert-mini ;;
+  *) echo "BENCH_MODEL is minilm or modernbert-mini" >&2; exit 2 ;;
+esac
 say "corpora"
 bounded 300 "$PY" benches/corpus.py --tokenizer "$MODEL/tokenizer.json" --out-dir "$OUT" >&2
 "$PY" - "$OUT/env.json" "$BIN" <<'EOF'
