@@ -20,7 +20,7 @@ use gpulane_models::{
 use serde::Serialize;
 
 use crate::{
-    config::{DeviceArgs, ModelArgs},
+    config::{DeviceArgs, HubArgs, ModelArgs},
     daemon::{inventory, resolve_models},
     devices::GpuDevice,
     RuntimeError,
@@ -86,13 +86,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
 
-    /// Hugging Face home; its hub/ folder is the model cache (default ~/.cache/huggingface).
-    #[arg(long, env = "HF_HOME")]
-    pub hf_home: Option<PathBuf>,
-
-    /// Never download: use only directories and the local cache.
-    #[arg(long, env = "HF_HUB_OFFLINE", value_parser = clap::builder::FalseyValueParser::new())]
-    pub hf_offline: bool,
+    /// Where models named by Hugging Face repo id come from.
+    #[command(flatten)]
+    pub hub: HubArgs,
 
     /// Path of the NVML library (default: the system's libnvidia-ml.so.1); read for
     /// `cuda:GPU-UUID` and `all`.
@@ -353,8 +349,7 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
     let spec = resolve_models(&ModelArgs {
         models: vec![args.model.clone()],
         models_file: None,
-        hf_home: args.hf_home.clone(),
-        hf_offline: args.hf_offline,
+        hub: args.hub.clone(),
     })
     .await?
     .into_iter()

@@ -47,6 +47,16 @@ pub struct ModelArgs {
     #[arg(long, env = "GPULANE_MODELS_FILE")]
     pub models_file: Option<PathBuf>,
 
+    /// Where models named by Hugging Face repo id come from.
+    #[command(flatten)]
+    pub hub: HubArgs,
+}
+
+/// Where a model named by Hugging Face repo id comes from; shared by `run`, `models` and
+/// `bench`. The variables are the ones huggingface_hub reads, so a machine set up for
+/// Python tools is set up for gpulane.
+#[derive(Debug, Clone, Default, Args)]
+pub struct HubArgs {
     /// Hugging Face home; its hub/ folder is the model cache (default ~/.cache/huggingface).
     #[arg(long, env = "HF_HOME")]
     pub hf_home: Option<PathBuf>,
@@ -54,6 +64,22 @@ pub struct ModelArgs {
     /// Never download: use only directories and the local cache.
     #[arg(long, env = "HF_HUB_OFFLINE", value_parser = clap::builder::FalseyValueParser::new())]
     pub hf_offline: bool,
+
+    /// The hub to download from: a mirror, or a hub inside your network (default
+    /// https://huggingface.co).
+    #[arg(long, env = "HF_ENDPOINT")]
+    pub hf_endpoint: Option<String>,
+}
+
+impl HubArgs {
+    /// The Hugging Face home, `--hf-home` or ~/.cache/huggingface.
+    pub fn home(&self) -> PathBuf {
+        self.hf_home.clone().unwrap_or_else(|| {
+            std::env::home_dir()
+                .unwrap_or_else(|| "/".into())
+                .join(".cache/huggingface")
+        })
+    }
 }
 
 /// An API key that never prints.
@@ -354,7 +380,7 @@ mod tests {
         std::env::set_var("HF_HUB_OFFLINE", "1");
         let a = run_args(&[]);
         std::env::remove_var("HF_HUB_OFFLINE");
-        assert!(a.models.hf_offline);
+        assert!(a.models.hub.hf_offline);
     }
 
     #[test]

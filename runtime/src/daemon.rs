@@ -40,12 +40,7 @@ pub async fn run_cli(cli: Cli) -> Result<(), RuntimeError> {
 }
 
 pub(crate) async fn resolve_models(args: &ModelArgs) -> Result<Vec<ModelSpec>, RuntimeError> {
-    let hf_home = args.hf_home.clone().unwrap_or_else(|| {
-        std::env::home_dir()
-            .unwrap_or_else(|| "/".into())
-            .join(".cache/huggingface")
-    });
-    resolve(declarations(args)?, &hf_home, args.hf_offline).await
+    resolve(declarations(args)?, &args.hub).await
 }
 
 /// Loads `m` on the CPU with default options, as the listings and estimates need it.

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use gpulane_models::DType;
 use serde::Deserialize;
 
-use crate::{config::ModelArgs, RuntimeError};
+use crate::{
+    config::{HubArgs, ModelArgs},
+    RuntimeError,
+};
 
 /// Files a model directory may have; the required ones are checked when it loads.
 const MODEL_FILES: &[&str] = &[
@@ -128,12 +131,9 @@ fn looks_like_repo_id(s: &str) -> bool {
 }
 
 /// Resolves SOURCE to a directory: an existing path; else a repo id in the local cache
-/// (`<hf_home>/hub`); else, unless `offline`, a download with hf-hub into that cache.
-pub(crate) async fn resolve_source(
-    source: &str,
-    hf_home: &Path,
-    offline: bool,
-) -> Result<PathBuf, RuntimeError> {
+/// (`<hf_home>/hub`); else, unless offline, a download with hf-hub into that cache from
+/// `hub.hf_endpoint` (default huggingface.co).
+pub(crate) async fn resolve_source(source: &str, hub: &HubArgs) -> Result<PathBuf, RuntimeError> {
     let path = Path::new(source);
     if path.is_dir() {
         return Ok(path.to_owned());
@@ -143,7 +143,7 @@ pub(crate) async fn resolve_source(
             "model source {source:?} is not a directory (nor a Hugging Face repo id like org/name)"
         )));
     }
-    let cache_dir = hf_home.join("hub");
+    let cache_dir = hub.home().join("hub");
     let cached = hf_hub::Cache::new(cache_dir.clone())
         .model(source.to_owned())
         .get("config.json");
@@ -153,15 +153,19 @@ pub(crate) async fn resolve_source(
             .expect("a cached file has a snapshot directory; this is a bug")
             .to_owned());
     }
-    if offline {
+    if hub.hf_offline {
         return Err(RuntimeError::Config(format!(
             "model {source:?} is not in the Hugging Face cache at {} and downloads are off (HF_HUB_OFFLINE): download it there, or pass a directory",
             cache_dir.display()
         )));
     }
-    let api = hf_hub::api::tokio::ApiBuilder::new()
+    let mut api = hf_hub::api::tokio::ApiBuilder::new()
         .with_cache_dir(cache_dir.clone())
-        .with_progress(false)
+        .with_progress(false);
+    if let Some(endpoint) = &hub.hf_endpoint {
+        api = api.with_endpoint(endpoint.trim_end_matches('/').to_owned());
+    }
+    let api = api
         .build()
         .map_err(|e| RuntimeError::Config(format!("Hugging Face client: {e}")))?;
     let repo = api.model(source.to_owned());
@@ -188,8 +192,7 @@ pub(crate) async fn resolve_source(
 /// Resolves and types every declaration.
 pub(crate) async fn resolve(
     decls: Vec<ModelDecl>,
-    hf_home: &Path,
-    offline: bool,
+    hub: &HubArgs,
 ) -> Result<Vec<ModelSpec>, RuntimeError> {
     let mut out = Vec::with_capacity(decls.len());
     for d in decls {
@@ -213,7 +216,7 @@ pub(crate) async fn resolve(
             .map(crate::units::parse_bytes)
             .transpose()
             .map_err(|e| bad(format!("vram_cost: {e}")))?;
-        let path = resolve_source(&d.source, hf_home, offline).await?;
+        let path = resolve_source(&d.source, hub).await?;
         out.push(ModelSpec {
             path,
             dtype,
@@ -277,11 +280,14 @@ mod tests {
                 std::fs::copy(f.path(), snap.join(f.file_name())).unwrap();
             }
         }
-        let dir = resolve_source("acme/tiny", home.path(), true)
-            .await
-            .unwrap();
+        let hub = HubArgs {
+            hf_home: Some(home.path().to_owned()),
+            hf_offline: true,
+            hf_endpoint: None,
+        };
+        let dir = resolve_source("acme/tiny", &hub).await.unwrap();
         assert_eq!(dir, snap);
-        let e = resolve_source("acme/missing", home.path(), true)
+        let e = resolve_source("acme/missing", &hub)
             .await
             .unwrap_err()
             .to_string();
@@ -311,8 +317,10 @@ vram_cost = "1GiB"
         let args = ModelArgs {
             models: vec!["a=/x".into()],
             models_file: Some(file),
-            hf_home: None,
-            hf_offline: true,
+            hub: HubArgs {
+                hf_offline: true,
+                ..Default::default()
+            },
         };
         let d = declarations(&args).unwrap();
         assert_eq!(d.len(), 2);
