@@ -75,6 +75,43 @@ def write_json(path, value):
         f.write("\n")
 
 
+def tokenizer_files(out: str, **tokenizer_config) -> dict:
+    """Writes tokenizer.json and tokenizer_config.json to `out`; returns the config
+    sizes every fixture shares (4 layers: global, local, local, global)."""
+    tok = tokenizer()
+    tok.save(os.path.join(out, "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in SPECIALS}
+    write_json(
+        os.path.join(out, "tokenizer_config.json"),
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **tokenizer_config,
+            "model_input_names": ["input_ids", "attention_mask"],
+            "unk_token": "[UNK]",
+            "cls_token": "[CLS]",
+            "sep_token": "[SEP]",
+            "pad_token": "[PAD]",
+            "mask_token": "[MASK]",
+        },
+    )
+    return dict(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        hidden_activation="gelu",
+        max_position_embeddings=512,
+        norm_eps=1e-5,
+        local_attention=16,
+        pad_token_id=ids["[PAD]"],
+        bos_token_id=ids["[CLS]"],
+        cls_token_id=ids["[CLS]"],
+        eos_token_id=ids["[SEP]"],
+        sep_token_id=ids["[SEP]"],
+    )
+
+
 def randomize(model: torch.nn.Module, seed: int):
     """Every parameter random, LayerNorm gammas around 1, so no weight is a no-op."""
     g = torch.Generator().manual_seed(seed)
@@ -91,43 +128,8 @@ def make(name: str, *, hub_format: bool, bias: bool, pooling: str, prompts: dict
     out = os.path.join(HERE, name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(os.path.join(out, "1_Pooling"))
-    tok = tokenizer()
-    tok.save(os.path.join(out, "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in SPECIALS}
-    write_json(
-        os.path.join(out, "tokenizer_config.json"),
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": 8192,
-            "model_input_names": ["input_ids", "attention_mask"],
-            "clean_up_tokenization_spaces": True,
-            "unk_token": "[UNK]",
-            "cls_token": "[CLS]",
-            "sep_token": "[SEP]",
-            "pad_token": "[PAD]",
-            "mask_token": "[MASK]",
-        },
-    )
-    sizes = dict(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        hidden_activation="gelu",
-        max_position_embeddings=512,
-        norm_eps=1e-5,
-        norm_bias=bias,
-        attention_bias=bias,
-        mlp_bias=bias,
-        local_attention=16,
-        pad_token_id=ids["[PAD]"],
-        bos_token_id=ids["[CLS]"],
-        cls_token_id=ids["[CLS]"],
-        eos_token_id=ids["[SEP]"],
-        sep_token_id=ids["[SEP]"],
-        classifier_pooling=pooling,
-    )
+    sizes = tokenizer_files(out, model_max_length=8192, clean_up_tokenization_spaces=True)
+    sizes.update(norm_bias=bias, attention_bias=bias, mlp_bias=bias, classifier_pooling=pooling)
     rope = dict(global_attn_every_n_layers=3, global_rope_theta=160000.0, local_rope_theta=10000.0)
     config = ModernBertConfig(**sizes, **rope)
     # Layers 0 and 3 global, 1 and 2 sliding: both kinds, and a global one after locals.
@@ -213,40 +215,11 @@ def make_reranker(name: str, seed: int):
     out = os.path.join(HERE, name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    tok = tokenizer()
-    tok.save(os.path.join(out, "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in SPECIALS}
-    write_json(
-        os.path.join(out, "tokenizer_config.json"),
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": 128,
-            "model_input_names": ["input_ids", "attention_mask"],
-            "unk_token": "[UNK]",
-            "cls_token": "[CLS]",
-            "sep_token": "[SEP]",
-            "pad_token": "[PAD]",
-            "mask_token": "[MASK]",
-        },
-    )
-    sizes = dict(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        hidden_activation="gelu",
-        max_position_embeddings=512,
-        norm_eps=1e-5,
+    sizes = tokenizer_files(out, model_max_length=128)
+    sizes.update(
         norm_bias=False,
         attention_bias=False,
         mlp_bias=False,
-        local_attention=16,
-        pad_token_id=ids["[PAD]"],
-        bos_token_id=ids["[CLS]"],
-        cls_token_id=ids["[CLS]"],
-        eos_token_id=ids["[SEP]"],
-        sep_token_id=ids["[SEP]"],
         classifier_pooling="mean",
         classifier_activation="gelu",
         classifier_bias=False,
