@@ -149,9 +149,13 @@ dispatch!(add_norm_row, add_norm_body,
 /// `[Q | K | V]` (3·H wide, Q pre-scaled by 1/√d), `out` its `len` rows of H. Per head,
 /// scores = Q·Kᵀ and out = softmax(scores)·V are two single-threaded gemm calls that read
 /// Q, K and V in place through strides (the caller runs sequences in parallel); only one
-/// `[len, len]` score matrix exists at a time, never the batch's `[B, heads, T, T]`.
+/// score block exists at a time, never the batch's `[B, heads, T, T]`.
+///
 /// With a `window` w, token i attends only to tokens j with |i − j| ≤ w (ModernBERT's
-/// local layers); the others get weight 0, as a −∞ score would give them.
+/// local layers): queries go in blocks of w rows, each scored against only the keys its
+/// rows can see (the block widened by w on either side), so a local layer costs
+/// O(len · w) instead of O(len²); keys inside a block's range but outside a row's own
+/// window get weight 0, as a −∞ score would give them.
 fn attention_seq(
     qkv: &[f32],
     len: usize,
@@ -163,74 +167,87 @@ fn attention_seq(
     let h = out.len() / len;
     let d = h / heads;
     let row = 3 * h as isize;
-    scores.clear();
-    scores.resize(len * len, 0.0);
+    // A window that spans the whole sequence is no window.
+    let window = window.filter(|&w| w + 1 < len);
+    let block = window.map_or(len, |w| w.max(16));
     for head in 0..heads {
-        let q = qkv[head * d..].as_ptr();
-        let k = qkv[h + head * d..].as_ptr();
-        let v = qkv[2 * h + head * d..].as_ptr();
-        // SAFETY: every index gemm forms stays inside the slices: Q, K and V rows i < len
-        // at stride 3H from their head's column, columns c < d; scores is len × len; the
-        // output block is len rows of H at this head's d columns. Nothing else aliases.
-        unsafe {
-            // scores[len, len] = Q[len, d] · Kᵀ[d, len]
-            gemm::gemm(
-                len,
-                len,
-                d,
-                scores.as_mut_ptr(),
-                1,
-                len as isize,
-                false,
-                q,
-                1,
-                row,
-                k,
-                row,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
-        for (i, r) in scores.chunks_mut(len).enumerate() {
-            match window {
-                Some(w) if w + 1 < len => {
-                    let (lo, hi) = (i.saturating_sub(w), (i + w + 1).min(len));
-                    softmax_row(&mut r[lo..hi]);
-                    r[..lo].fill(0.0);
-                    r[hi..].fill(0.0);
-                }
-                _ => softmax_row(r),
+        for i0 in (0..len).step_by(block) {
+            let i1 = (i0 + block).min(len);
+            let (lo, hi) = match window {
+                Some(w) => (i0.saturating_sub(w), (i1 + w).min(len)),
+                None => (0, len),
+            };
+            let (m, n) = (i1 - i0, hi - lo);
+            scores.clear();
+            scores.resize(m * n, 0.0);
+            let q = qkv[i0 * 3 * h + head * d..].as_ptr();
+            let k = qkv[lo * 3 * h + h + head * d..].as_ptr();
+            let v = qkv[lo * 3 * h + 2 * h + head * d..].as_ptr();
+            // SAFETY: every index gemm forms stays inside the slices: Q rows i0..i1 and
+            // K, V rows lo..hi (all < len) at stride 3H from their head's column, columns
+            // c < d; scores is m × n; the output block is rows i0..i1 of H at this head's d
+            // columns. Nothing else aliases.
+            unsafe {
+                // scores[m, n] = Q[i0..i1, d] · K[lo..hi, d]ᵀ
+                gemm::gemm(
+                    m,
+                    n,
+                    d,
+                    scores.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    q,
+                    1,
+                    row,
+                    k,
+                    row,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
             }
-        }
-        // SAFETY: as above.
-        unsafe {
-            // out[len, d] = P[len, len] · V[len, d]
-            gemm::gemm(
-                len,
-                d,
-                len,
-                out[head * d..].as_mut_ptr(),
-                1,
-                h as isize,
-                false,
-                scores.as_ptr(),
-                1,
-                len as isize,
-                v,
-                1,
-                row,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
+            for (r, s) in scores.chunks_mut(n).enumerate() {
+                match window {
+                    Some(w) => {
+                        let i = i0 + r;
+                        let (a, b) = (i.saturating_sub(w) - lo, (i + w + 1).min(len) - lo);
+                        softmax_row(&mut s[a..b]);
+                        s[..a].fill(0.0);
+                        s[b..].fill(0.0);
+                    }
+                    None => softmax_row(s),
+                }
+            }
+            // SAFETY: as above.
+            unsafe {
+                // out[i0..i1, d] = P[m, n] · V[lo..hi, d]
+                gemm::gemm(
+                    m,
+                    d,
+                    n,
+                    out[i0 * h + head * d..].as_mut_ptr(),
+                    1,
+                    h as isize,
+                    false,
+                    scores.as_ptr(),
+                    1,
+                    n as isize,
+                    v,
+                    1,
+                    row,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
         }
     }
 }
@@ -656,15 +673,17 @@ mod tests {
     }
 
     /// A sliding window in the packed kernel is the padded path's band mask: the same
-    /// result for sequences shorter and longer than the window.
+    /// result for sequences shorter than the window, a little longer, and long enough for
+    /// several query blocks (blocks are max(w, 16) rows; 70 rows make five, the last
+    /// partial).
     #[test]
     fn windowed_packed_attention_matches_banded_padded_attention() {
-        let (heads, d, window) = (2, 8, 3);
+        let (heads, d, window) = (2, 8, 5);
         let h = heads * d;
-        let lens = [12usize, 4, 9];
-        let t = 12;
+        let lens = [70usize, 4, 9, 33];
+        let t = 70;
         let n: usize = lens.iter().sum();
-        let starts = [0usize, 12, 16];
+        let starts = [0usize, 70, 74, 83];
         let qkv = randn(&[n, 3 * h], 1.0);
         let got = attention(&qkv, &starts, &lens, heads, Some(window)).unwrap();
         let band = band(t, window, &Device::Cpu).unwrap();
@@ -712,8 +731,8 @@ mod tests {
         let full = attention(&qkv, &starts, &lens, heads, None).unwrap();
         assert!(
             max_diff(
-                &full.narrow(0, 0, 12).unwrap(),
-                &got.narrow(0, 0, 12).unwrap()
+                &full.narrow(0, 0, 70).unwrap(),
+                &got.narrow(0, 0, 70).unwrap()
             ) > 1e-3
         );
     }
