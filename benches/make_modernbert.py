@@ -1,8 +1,10 @@
-"""Makes a random-weight ModernBERT the size of all-MiniLM-L6-v2 for the speed benchmark
-(`BENCH_MODEL=benches/out/modernbert-mini benches/run.sh speed`): there is no model hub
-here, and speed does not depend on what the weights learned.
+"""Makes a random-weight ModernBERT of all-MiniLM-L6-v2's width and depth for the speed
+benchmark (`BENCH_MODEL=modernbert-mini benches/run.sh speed`, which runs this into
+benches/out/modernbert-mini): there is no model hub here, and speed does not depend on
+what the weights learned.
 
-Shape: hidden 384, 6 layers, 6 heads, a gated feed-forward of 2 x 768, local attention
+Shape: hidden 384, 6 layers, 6 heads of 64 (MiniLM has 12 of 32, so attention's shape
+differs), a gated feed-forward of 2 x 768, local attention
 128 (so the long corpus's 256-token texts use the sliding window), global attention on
 every third layer, MiniLM's tokenizer (so both corpora tokenize as in the MiniLM rows),
 mean pooling and Normalize, max_seq_length 256.

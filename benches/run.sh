@@ -26,8 +26,9 @@
 # BENCH_PY_INFERENCES (its model.encode calls at once, 1), BENCH_FANOUT=1 (each round's
 # activities from one workflow instead of one workflow each: see benches/load.py),
 # BENCH_SKIP_BUILD=1 (use the gpulane binary as it is; do not run scripts/setup.sh),
-# BENCH_MODEL=modernbert-mini (the model for all parts: a random-weight ModernBERT the
-# size of MiniLM, made by benches/make_modernbert.py, instead of all-MiniLM-L6-v2).
+# BENCH_MODEL=modernbert-mini (the model for all parts: a random-weight ModernBERT of
+# MiniLM's width and depth, made by benches/make_modernbert.py, instead of
+# all-MiniLM-L6-v2).
 #
 # All traffic stays on 127.0.0.1 (free ports); every command is under a time limit, and
 # every process started here is stopped on exit, error or Ctrl-C.

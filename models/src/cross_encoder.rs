@@ -30,7 +30,8 @@ pub struct CrossEncoderInfo {
     pub hidden_size: usize,
     /// Floating-point parameters, for cost estimates.
     pub parameters: u64,
-    /// Feed-forward width, for cost estimates.
+    /// Feed-forward width, for cost estimates (doubled for ModernBERT, as in
+    /// [`crate::ModelInfo::intermediate_size`]).
     pub intermediate_size: usize,
     /// Attention heads, for cost estimates.
     pub num_heads: usize,

@@ -40,8 +40,8 @@ pub struct Embeddings {
     pub token_counts: Vec<usize>,
 }
 
-/// A sentence-transformers BERT embedder loaded on one device. Blocking: call it from the
-/// engine thread, never from the async runtime.
+/// A sentence-transformers embedder (BERT, XLM-RoBERTa or ModernBERT) loaded on one
+/// device. Blocking: call it from the engine thread, never from the async runtime.
 pub struct Embedder {
     model: Encoder,
     /// Encodes with truncation at `max_seq_length`.

@@ -319,7 +319,7 @@ pub(crate) struct Batch {
 }
 
 /// Off the fused CPU path, attention gathers padded `[B, T]` from packed rows and
-/// scatters back; padded slots read any real row (the row's first) and are masked out of
+/// scatters back; padded slots read a real row (the row's last) and are masked out of
 /// the softmax.
 struct Padding {
     b: usize,
@@ -328,8 +328,10 @@ struct Padding {
     scatter: Tensor,
     /// `[B, T]`: 0 for real tokens, −∞ for padding.
     mask: Tensor,
-    /// The `[T, T]` sliding-window band, built on first use.
-    band: std::cell::OnceCell<Tensor>,
+    /// The `[T, T]` sliding-window band and its window, built on first use in the
+    /// scores' dtype (every local layer of a model has the same window; another window
+    /// builds its own).
+    band: std::cell::OnceCell<(usize, Tensor)>,
 }
 
 impl Batch {
@@ -411,16 +413,17 @@ impl Batch {
         let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
         let scores = q.matmul(&k.t()?)?;
         let band = match window {
+            None => None,
             Some(w) => Some(match p.band.get() {
-                Some(band) => band,
-                None => {
-                    let band = kernels::band(t, w, qkv.device())?;
-                    p.band.get_or_init(|| band)
+                Some((cached, band)) if *cached == w => band.clone(),
+                _ => {
+                    let band = kernels::band(t, w, scores.dtype(), scores.device())?;
+                    let _ = p.band.set((w, band.clone()));
+                    band
                 }
             }),
-            None => None,
         };
-        let probs = kernels::masked_softmax(&scores, &p.mask, band)?;
+        let probs = kernels::masked_softmax(scores, &p.mask, band.as_ref())?;
         Ok(probs
             .matmul(&v)?
             .transpose(1, 2)?

@@ -4,11 +4,13 @@
 //! thread, softmax calls scalar `exp`, and bias-add, residual-add and layer-norm each
 //! allocate and walk a full activation tensor.
 //!
-//! `bias_gelu` and `add_norm` run the fused kernel for contiguous f32 tensors on the CPU
-//! and the equivalent chain of candle ops everywhere else (CUDA, f16/bf16), so callers
-//! never branch on the device; packed `attention` is CPU-f32 only, and `masked_softmax` is
-//! the padded attention path's plain-candle softmax for the other devices. Kernels run on rayon's pool, the one candle's matmul uses, and
-//! are compiled twice: once for AVX2+FMA (picked at run time) and once for the baseline.
+//! `bias_gelu`, `gated_gelu` and `add_norm` run the fused kernel for contiguous f32
+//! tensors on the CPU and the equivalent chain of candle ops everywhere else (CUDA,
+//! f16/bf16), so callers never branch on the device; packed `attention` (optionally
+//! windowed) is CPU-f32 only, and `masked_softmax` with its `band` is the padded attention
+//! path's plain-candle softmax for the other devices. Kernels run on rayon's pool, the one
+//! candle's matmul uses, and are compiled twice: once for AVX2+FMA (picked at run time)
+//! and once for the baseline.
 
 use candle_core::{
     backend::BackendStorage, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result,
@@ -145,17 +147,23 @@ fn add_norm_body(x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f3
 dispatch!(add_norm_row, add_norm_body,
     (x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f32]));
 
+/// Query rows per block without a window: a whole sequence of BERT's 512 tokens takes two
+/// blocks, and an 8,192-token one needs a 256 × 8,192 score buffer per thread, not 8,192².
+const GLOBAL_BLOCK: usize = 256;
+
 /// Attention for one sequence, every head: `qkv` holds its `len` packed rows of
 /// `[Q | K | V]` (3·H wide, Q pre-scaled by 1/√d), `out` its `len` rows of H. Per head,
 /// scores = Q·Kᵀ and out = softmax(scores)·V are two single-threaded gemm calls that read
 /// Q, K and V in place through strides (the caller runs sequences in parallel); only one
 /// score block exists at a time, never the batch's `[B, heads, T, T]`.
 ///
-/// With a `window` w, token i attends only to tokens j with |i − j| ≤ w (ModernBERT's
-/// local layers): queries go in blocks of w rows, each scored against only the keys its
-/// rows can see (the block widened by w on either side), so a local layer costs
-/// O(len · w) instead of O(len²); keys inside a block's range but outside a row's own
-/// window get weight 0, as a −∞ score would give them.
+/// Queries go in blocks, so the score buffer is a block's rows by the keys they see:
+/// [`GLOBAL_BLOCK`] rows against every key without a window. With a `window` w, token i
+/// attends only to tokens j with |i − j| ≤ w (ModernBERT's local layers): blocks are
+/// max(w, 16) rows, each scored against only the keys its rows can see (the block widened
+/// by w on either side), so a local layer costs O(len · w) instead of O(len²); keys
+/// inside a block's range but outside a row's own window get weight 0, as a −∞ score
+/// would give them.
 fn attention_seq(
     qkv: &[f32],
     len: usize,
@@ -169,7 +177,7 @@ fn attention_seq(
     let row = 3 * h as isize;
     // A window that spans the whole sequence is no window.
     let window = window.filter(|&w| w + 1 < len);
-    let block = window.map_or(len, |w| w.max(16));
+    let block = window.map_or(GLOBAL_BLOCK, |w| w.max(16));
     for head in 0..heads {
         for i0 in (0..len).step_by(block) {
             let i1 = (i0 + block).min(len);
@@ -498,33 +506,49 @@ pub(crate) fn add_norm(x: &Tensor, residual: &Tensor, params: &Tensor, eps: f32)
 /// key mask `[B, T]` (0 for real tokens, −∞ for padding) and, for sliding-window layers,
 /// an additive `[T, T]` band (see [`band`]): the padded attention path's softmax (CUDA,
 /// f16/bf16). The CPU in f32 runs [`attention`] instead, so this is plain candle ops.
+///
+/// `scores` is taken by value and dropped once masked, so no more than two score-sized
+/// tensors are alive at once: the count `ModelInfo::working_bytes` charges.
 pub(crate) fn masked_softmax(
-    scores: &Tensor,
+    scores: Tensor,
     mask: &Tensor,
     band: Option<&Tensor>,
 ) -> Result<Tensor> {
     let (b, t) = mask.dims2()?;
     let mask = mask.reshape((b, 1, 1, t))?.to_dtype(scores.dtype())?;
-    let mut scores = scores.broadcast_add(&mask)?;
-    if let Some(band) = band {
-        scores = scores.broadcast_add(&band.to_dtype(scores.dtype())?)?;
-    }
-    candle_nn::ops::softmax_last_dim(&scores.contiguous()?)
+    // One additive term, so the masked sum is the only score-sized temporary; with a band
+    // it is [B, 1, T, T], 1/heads of the scores.
+    let bias = match band {
+        Some(band) => mask.broadcast_add(&band.to_dtype(scores.dtype())?)?,
+        None => mask,
+    };
+    let masked = scores.broadcast_add(&bias)?;
+    drop(scores);
+    candle_nn::ops::softmax_last_dim(&masked)
 }
 
-/// The additive `[T, T]` mask of a sliding window: 0 where |i − j| ≤ `window`, −∞ beyond.
-pub(crate) fn band(t: usize, window: usize, device: &candle_core::Device) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..t * t)
-        .map(|k| {
-            let (i, j) = (k / t, k % t);
-            if i.abs_diff(j) <= window {
-                0.0
-            } else {
-                f32::NEG_INFINITY
-            }
-        })
-        .collect();
-    Tensor::from_vec(mask, (t, t), device)
+/// What the band adds outside a window: finite, so that a padded query slot whose window
+/// holds no real key still gets a defined softmax (its row is discarded), and so far below
+/// any attention score that its weight is exactly 0 in f16, bf16 and f32.
+const OUTSIDE_WINDOW: f64 = -30_000.0;
+
+/// The additive `[T, T]` mask of a sliding window, in `dtype`, built on `device`: 0 where
+/// |i − j| ≤ `window`, [`OUTSIDE_WINDOW`] beyond.
+pub(crate) fn band(
+    t: usize,
+    window: usize,
+    dtype: DType,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    let pos = Tensor::arange(0f32, t as f32, device)?;
+    let distance = pos
+        .reshape((t, 1))?
+        .broadcast_sub(&pos.reshape((1, t))?)?
+        .abs()?;
+    distance
+        .gt(window as f64)?
+        .to_dtype(dtype)?
+        .affine(OUTSIDE_WINDOW, 0.0)
 }
 
 /// The reference paths, for tests: the same results through plain candle ops.
@@ -623,7 +647,8 @@ mod tests {
     fn packed_attention_matches_padded_attention() {
         let (heads, d) = (4, 8);
         let h = heads * d;
-        let lens = [7usize, 1, 12, 5];
+        // 300 rows: two query blocks of GLOBAL_BLOCK, the second partial.
+        let lens = [7usize, 1, 300, 12, 5];
         let starts: Vec<usize> = lens
             .iter()
             .scan(0, |s, &l| {
@@ -678,7 +703,14 @@ mod tests {
     /// partial).
     #[test]
     fn windowed_packed_attention_matches_banded_padded_attention() {
-        let (heads, d, window) = (2, 8, 5);
+        // 5: blocks of the 16-row floor; 24: blocks of w rows, as real windows (64) give.
+        for window in [5, 24] {
+            check_windowed_attention(window);
+        }
+    }
+
+    fn check_windowed_attention(window: usize) {
+        let (heads, d) = (2, 8);
         let h = heads * d;
         let lens = [70usize, 4, 9, 33];
         let t = 70;
@@ -686,7 +718,7 @@ mod tests {
         let starts = [0usize, 70, 74, 83];
         let qkv = randn(&[n, 3 * h], 1.0);
         let got = attention(&qkv, &starts, &lens, heads, Some(window)).unwrap();
-        let band = band(t, window, &Device::Cpu).unwrap();
+        let band = band(t, window, DType::F32, &Device::Cpu).unwrap();
         for (&s, &len) in starts.iter().zip(&lens) {
             // Pad the sequence to t rows; padded keys are masked out.
             let rows = qkv.narrow(0, s, len).unwrap();
@@ -714,7 +746,7 @@ mod tests {
                 .collect();
             let mask = Tensor::from_vec(mask, (1, t), &Device::Cpu).unwrap();
             let scores = q.matmul(&k.t().unwrap()).unwrap();
-            let p = masked_softmax(&scores, &mask, Some(&band)).unwrap();
+            let p = masked_softmax(scores, &mask, Some(&band)).unwrap();
             let want = p
                 .matmul(&v)
                 .unwrap()
@@ -725,7 +757,10 @@ mod tests {
                 .narrow(0, 0, len)
                 .unwrap();
             let diff = max_diff(&got.narrow(0, s, len).unwrap(), &want);
-            assert!(diff < 1e-5, "sequence at {s}: max diff {diff}");
+            assert!(
+                diff < 1e-5,
+                "window {window}, sequence at {s}: max diff {diff}"
+            );
         }
         // The window matters: without it the long sequence comes out different.
         let full = attention(&qkv, &starts, &lens, heads, None).unwrap();
@@ -748,7 +783,7 @@ mod tests {
             }
         }
         let mask = Tensor::from_vec(mask, (b, t), &Device::Cpu).unwrap();
-        let got = masked_softmax(&scores, &mask, None).unwrap();
+        let got = masked_softmax(scores.clone(), &mask, None).unwrap();
         let want = candle_nn::ops::softmax(
             &scores
                 .broadcast_add(&mask.reshape((b, 1, 1, t)).unwrap())

@@ -13,6 +13,8 @@
 //! attention; Q's 1/√d scale is folded into `Wqkv` (rotation is linear, so scaling before
 //! it is the same as after).
 
+use std::path::Path;
+
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use serde_json::Value;
@@ -68,7 +70,8 @@ impl Dense {
     }
 }
 
-/// cos and sin of every position's rotation angles, `[positions, d/2]`.
+/// cos and sin of every position's rotation angles, `[positions, d/2]`, in f32: Q and K
+/// are rotated in f32 whatever the model's dtype, as transformers does.
 struct Rope {
     cos: Tensor,
     sin: Tensor,
@@ -78,13 +81,7 @@ impl Rope {
     /// The angles transformers computes: `inv_freq = 1 / theta^(2k/d)` and
     /// `angle = position · inv_freq`, both in f32 as there (at position 8000 an f64 angle
     /// would differ from the reference by ~1e-3 rad), then cos and sin of that f32 angle.
-    fn new(
-        theta: f64,
-        d: usize,
-        positions: usize,
-        dtype: DType,
-        dev: &Device,
-    ) -> Result<Self, ModelError> {
+    fn new(theta: f64, d: usize, positions: usize, dev: &Device) -> Result<Self, ModelError> {
         let half = d / 2;
         let inv: Vec<f32> = (0..half)
             .map(|k| 1.0 / (theta as f32).powf((2 * k) as f32 / d as f32))
@@ -99,8 +96,8 @@ impl Rope {
             }
         }
         Ok(Self {
-            cos: Tensor::from_vec(cos, (positions, half), dev)?.to_dtype(dtype)?,
-            sin: Tensor::from_vec(sin, (positions, half), dev)?.to_dtype(dtype)?,
+            cos: Tensor::from_vec(cos, (positions, half), dev)?,
+            sin: Tensor::from_vec(sin, (positions, half), dev)?,
         })
     }
 
@@ -128,7 +125,7 @@ struct AttentionLayout {
 }
 
 impl AttentionLayout {
-    fn of(config: &Value, layers: usize, path: &std::path::Path) -> Result<Self, ModelError> {
+    fn of(config: &Value, layers: usize, path: &Path) -> Result<Self, ModelError> {
         let unsupported = |reason: String| ModelError::Unsupported {
             path: path.to_owned(),
             reason,
@@ -228,11 +225,7 @@ pub(crate) struct ModernBert {
 impl ModernBert {
     /// Loads a ModernBERT checkpoint at `vb`: a bare `ModernBertModel`, or one under
     /// `model.` (`ModernBertForMaskedLM`, `ModernBertForSequenceClassification`).
-    pub(crate) fn load(
-        config: &Value,
-        vb: VarBuilder,
-        path: &std::path::Path,
-    ) -> Result<Self, ModelError> {
+    pub(crate) fn load(config: &Value, vb: VarBuilder, path: &Path) -> Result<Self, ModelError> {
         let hidden = num(config, "hidden_size", path)?;
         let heads = num(config, "num_attention_heads", path)?;
         let n_layers = num(config, "num_hidden_layers", path)?;
@@ -259,16 +252,16 @@ impl ModernBert {
         };
         let device = vb.device().clone();
         let dtype = vb.dtype();
-        let scale = 1.0 / (d as f64).sqrt();
+        // Q is the first H columns of Wqkv's [in, 3H]: scale them by 1/√d, keep K and V.
+        let scale = 1.0 / (d as f32).sqrt();
+        let col_scale: Vec<f32> = (0..3 * hidden)
+            .map(|c| if c < hidden { scale } else { 1.0 })
+            .collect();
+        let col_scale = Tensor::from_vec(col_scale, 3 * hidden, &device)?.to_dtype(dtype)?;
         let mut layers = Vec::with_capacity(n_layers);
         for (i, &local) in layout.local.iter().enumerate() {
             let l = vb.pp(format!("layers.{i}"));
             let mut qkv = Dense::load(l.pp("attn.Wqkv"), hidden, 3 * hidden, attn_bias)?;
-            // Q is the first H columns of [in, 3H]: scale them, keep K and V.
-            let col_scale: Vec<f32> = (0..3 * hidden)
-                .map(|c| if c < hidden { scale as f32 } else { 1.0 })
-                .collect();
-            let col_scale = Tensor::from_vec(col_scale, 3 * hidden, &device)?.to_dtype(dtype)?;
             qkv.w = qkv.w.broadcast_mul(&col_scale)?;
             qkv.b = qkv.b.map(|b| b * &col_scale).transpose()?;
             layers.push(Layer {
@@ -293,8 +286,8 @@ impl ModernBert {
             heads,
             eps,
             act,
-            global: Rope::new(layout.global_theta, d, positions, dtype, &device)?,
-            local: Rope::new(layout.local_theta, d, positions, dtype, &device)?,
+            global: Rope::new(layout.global_theta, d, positions, &device)?,
+            local: Rope::new(layout.local_theta, d, positions, &device)?,
             window: layout.window,
             device,
         })
@@ -335,16 +328,20 @@ impl ModernBert {
     }
 }
 
-/// Rotates Q and K of packed `qkv` (`[N, 3H]`) by each token's angles (`[N, 1, d/2]`),
-/// rotate-half style as transformers' `apply_rotary_pos_emb`; V passes through.
+/// Rotates Q and K of packed `qkv` (`[N, 3H]`) by each token's angles (`[N, 1, d/2]`,
+/// f32), rotate-half style as transformers' `apply_rotary_pos_emb`, in f32 and rounded
+/// back to `qkv`'s dtype once, as there; V passes through.
 fn rotate(qkv: &Tensor, cos: &Tensor, sin: &Tensor, heads: usize) -> Result<Tensor, ModelError> {
     let (n, h3) = qkv.dims2()?;
     let h = h3 / 3;
     let qk = qkv
         .narrow(1, 0, 2 * h)?
+        .to_dtype(DType::F32)?
         .contiguous()?
         .reshape((n, 1, 2 * heads, h / heads))?;
-    let qk = candle_nn::rotary_emb::rope_thd(&qk, cos, sin)?.reshape((n, 2 * h))?;
+    let qk = candle_nn::rotary_emb::rope_thd(&qk, cos, sin)?
+        .reshape((n, 2 * h))?
+        .to_dtype(qkv.dtype())?;
     Ok(Tensor::cat(&[qk, qkv.narrow(1, 2 * h, h)?], 1)?)
 }
 
@@ -353,7 +350,7 @@ mod tests {
     use super::*;
 
     fn layout(config: Value, layers: usize) -> AttentionLayout {
-        AttentionLayout::of(&config, layers, std::path::Path::new("m")).unwrap()
+        AttentionLayout::of(&config, layers, Path::new("m")).unwrap()
     }
 
     /// A config with neither spelling gets transformers' defaults.
@@ -393,7 +390,7 @@ mod tests {
         let err = AttentionLayout::of(
             &serde_json::json!({"rope_parameters": {"full_attention": {"rope_type": "yarn"}}}),
             3,
-            std::path::Path::new("m"),
+            Path::new("m"),
         )
         .unwrap_err();
         assert!(err.to_string().contains("yarn"), "{err}");

@@ -38,7 +38,8 @@ pub struct ModelInfo {
     pub num_layers: usize,
     /// Attention heads, for cost estimates.
     pub num_heads: usize,
-    /// Feed-forward width, for cost estimates.
+    /// Feed-forward width, for cost estimates: config.json's `intermediate_size`, doubled
+    /// for ModernBERT, whose gated up-projection is twice that wide.
     pub intermediate_size: usize,
     /// Floating-point parameters in model.safetensors.
     pub parameters: u64,

@@ -67,8 +67,23 @@ pub struct HubArgs {
 
     /// The hub to download from: a mirror, or a hub inside your network (default
     /// https://huggingface.co).
-    #[arg(long, env = "HF_ENDPOINT")]
+    #[arg(long, env = "HF_ENDPOINT", value_parser = hub_endpoint)]
     pub hf_endpoint: Option<String>,
+}
+
+/// An http(s) base URL, without a trailing slash (hf-hub appends `/{repo}/resolve/...`).
+fn hub_endpoint(s: &str) -> Result<String, String> {
+    let url = s.trim_end_matches('/');
+    let host = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .unwrap_or("");
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(format!(
+            "{s:?} is not an http(s) base URL such as https://huggingface.co"
+        ));
+    }
+    Ok(url.to_owned())
 }
 
 impl HubArgs {
@@ -334,6 +349,27 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hub_endpoints_are_http_urls_without_a_trailing_slash() {
+        let a = run_args(&["--hf-endpoint", "https://hf-mirror.com/"]);
+        assert_eq!(
+            a.models.hub.hf_endpoint.as_deref(),
+            Some("https://hf-mirror.com")
+        );
+        let mut argv = vec![
+            "gpulane",
+            "run",
+            "--model",
+            "/m",
+            "--hf-endpoint",
+            "hf-mirror.com",
+        ];
+        let err = Cli::try_parse_from(argv.clone()).unwrap_err().to_string();
+        assert!(err.contains("not an http(s) base URL"), "{err}");
+        argv[5] = "https://";
+        assert!(Cli::try_parse_from(argv).is_err());
+    }
 
     fn run_args(extra: &[&str]) -> RunArgs {
         let mut argv = vec!["gpulane", "run", "--model", "/m"];

@@ -163,7 +163,7 @@ pub(crate) async fn resolve_source(source: &str, hub: &HubArgs) -> Result<PathBu
         .with_cache_dir(cache_dir.clone())
         .with_progress(false);
     if let Some(endpoint) = &hub.hf_endpoint {
-        api = api.with_endpoint(endpoint.trim_end_matches('/').to_owned());
+        api = api.with_endpoint(endpoint.clone());
     }
     let api = api
         .build()

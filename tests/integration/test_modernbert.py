@@ -32,6 +32,14 @@ def test_modernbert_is_listed_and_serves_embed_and_rerank_by_name(temporal_addre
         cos, max_abs = cosine_and_max_abs(got, want)
         assert cos >= 0.9999 and max_abs <= 1e-4, (i, cos, max_abs)
 
+    # The first embedder is the default: the transformers-5-spelled, biased, CLS one.
+    cls_ref = json.loads((DATA / "tiny-modernbert-cls" / "reference.json").read_text())
+    out = call(temporal_address, "embed", "cpu-tools", {"texts": cls_ref["texts"]})["ok"]
+    assert out["model"] == "mb-cls"
+    for i, (got, want) in enumerate(zip(out["embeddings"], cls_ref["embeddings"])):
+        cos, max_abs = cosine_and_max_abs(got, want)
+        assert cos >= 0.9999 and max_abs <= 1e-4, ("mb-cls", i, cos, max_abs)
+
     prompted = call(temporal_address, "embed", "cpu-tools",
                     {"texts": ref["texts"][:4], "model": "mb", "prompt_name": ref["prompt_name"]})["ok"]
     for i, (got, want) in enumerate(zip(prompted["embeddings"], ref["prompted_embeddings"])):
