@@ -141,7 +141,7 @@ pub(crate) struct Packed {
     pub(crate) lens: Vec<usize>,
 }
 
-pub(crate) fn num(config: &Value, key: &str, path: &std::path::Path) -> Result<usize, ModelError> {
+fn num(config: &Value, key: &str, path: &std::path::Path) -> Result<usize, ModelError> {
     config[key]
         .as_u64()
         .map(|v| v as usize)
@@ -149,6 +149,32 @@ pub(crate) fn num(config: &Value, key: &str, path: &std::path::Path) -> Result<u
             path: path.to_owned(),
             reason: format!("config.json has no {key}"),
         })
+}
+
+/// The sizes every encoder family's config.json states, in its common spelling:
+/// `(hidden_size, num_attention_heads, num_hidden_layers, intermediate_size,
+/// vocab_size)`, with the hidden size a whole number of heads.
+pub(crate) fn sizes(
+    config: &Value,
+    path: &std::path::Path,
+) -> Result<(usize, usize, usize, usize, usize), ModelError> {
+    let hidden = num(config, "hidden_size", path)?;
+    let heads = num(config, "num_attention_heads", path)?;
+    if heads == 0 || hidden % heads != 0 {
+        return Err(ModelError::Unsupported {
+            path: path.to_owned(),
+            reason: format!(
+                "hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+            ),
+        });
+    }
+    Ok((
+        hidden,
+        heads,
+        num(config, "num_hidden_layers", path)?,
+        num(config, "intermediate_size", path)?,
+        num(config, "vocab_size", path)?,
+    ))
 }
 
 /// The tensor name prefix of the encoder inside the checkpoint: none for
@@ -181,19 +207,10 @@ impl Bert {
             reason,
         };
         let model_type = config["model_type"].as_str().unwrap_or("bert");
-        let hidden = num(config, "hidden_size", path)?;
-        let heads = num(config, "num_attention_heads", path)?;
-        let layers = num(config, "num_hidden_layers", path)?;
-        let inter = num(config, "intermediate_size", path)?;
-        let vocab = num(config, "vocab_size", path)?;
+        let (hidden, heads, layers, inter, vocab) = sizes(config, path)?;
         let max_pos = num(config, "max_position_embeddings", path)?;
         let types = config["type_vocab_size"].as_u64().unwrap_or(2) as usize;
         let eps = config["layer_norm_eps"].as_f64().unwrap_or(1e-12) as f32;
-        if hidden % heads != 0 {
-            return Err(unsupported(format!(
-                "hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
-            )));
-        }
         match config["position_embedding_type"].as_str() {
             None | Some("absolute") => {}
             Some(other) => {

@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::{
     batcher::Row,
-    encoder::{num, Act, Batch, Packed},
+    encoder::{sizes, Act, Batch, Packed},
     kernels, ModelError,
 };
 
@@ -226,21 +226,17 @@ impl ModernBert {
     /// Loads a ModernBERT checkpoint at `vb`: a bare `ModernBertModel`, or one under
     /// `model.` (`ModernBertForMaskedLM`, `ModernBertForSequenceClassification`).
     pub(crate) fn load(config: &Value, vb: VarBuilder, path: &Path) -> Result<Self, ModelError> {
-        let hidden = num(config, "hidden_size", path)?;
-        let heads = num(config, "num_attention_heads", path)?;
-        let n_layers = num(config, "num_hidden_layers", path)?;
-        let inter = num(config, "intermediate_size", path)?;
-        let vocab = num(config, "vocab_size", path)?;
+        let (hidden, heads, n_layers, inter, vocab) = sizes(config, path)?;
         let positions = config["max_position_embeddings"].as_u64().unwrap_or(8192) as usize;
         let eps = config["norm_eps"].as_f64().unwrap_or(1e-5) as f32;
         let flag = |key: &str| config[key].as_bool().unwrap_or(false);
         let (norm_bias, attn_bias, mlp_bias) =
             (flag("norm_bias"), flag("attention_bias"), flag("mlp_bias"));
         let d = hidden / heads;
-        if hidden % heads != 0 || d % 2 != 0 {
+        if d % 2 != 0 {
             return Err(ModelError::Unsupported {
                 path: path.to_owned(),
-                reason: format!("hidden_size {hidden} over {heads} heads is not an even head size"),
+                reason: format!("head size {d} is odd; rotary embeddings turn pairs of values"),
             });
         }
         let act = Act::parse(config["hidden_activation"].as_str().unwrap_or("gelu"), path)?;
