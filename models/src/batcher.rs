@@ -16,7 +16,7 @@
 
 use std::{
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         mpsc::{Receiver, RecvTimeoutError, TryRecvError},
         Arc,
     },
@@ -101,11 +101,61 @@ pub(crate) struct Request {
     pub(crate) arrived: Instant,
 }
 
-/// Serves `queue` until every sender is gone. Blocking: runs on the engine's own thread.
-pub(crate) fn serve(model: &dyn Forward, limits: BatchLimits, queue: Receiver<Request>) {
+/// Running totals of an engine's forward passes, for metrics: written by the engine
+/// thread after each batch, read from any thread at any time.
+#[derive(Debug, Default)]
+pub struct BatchCounters {
+    batches: AtomicU64,
+    rows: AtomicU64,
+    tokens: AtomicU64,
+    nanos: AtomicU64,
+}
+
+/// [`BatchCounters`] read at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BatchTotals {
+    /// Forward passes run.
+    pub batches: u64,
+    /// Texts or (query, document) pairs through them.
+    pub rows: u64,
+    /// Real tokens through them, special tokens included, padding not.
+    pub tokens: u64,
+    /// Seconds spent in them.
+    pub seconds: f64,
+}
+
+impl BatchCounters {
+    fn record(&self, batch: &[&Row], took: std::time::Duration) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.rows.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let tokens: usize = batch.iter().map(|r| r.len()).sum();
+        self.tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+        self.nanos
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The totals so far.
+    pub fn totals(&self) -> BatchTotals {
+        BatchTotals {
+            batches: self.batches.load(Ordering::Relaxed),
+            rows: self.rows.load(Ordering::Relaxed),
+            tokens: self.tokens.load(Ordering::Relaxed),
+            seconds: self.nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+        }
+    }
+}
+
+/// Serves `queue` until every sender is gone, counting batches into `counters`.
+/// Blocking: runs on the engine's own thread.
+pub(crate) fn serve(
+    model: &dyn Forward,
+    limits: BatchLimits,
+    queue: Receiver<Request>,
+    counters: &BatchCounters,
+) {
     while let Ok(first) = queue.recv() {
         let round = gather(first, &queue, &limits);
-        run_round(model, &limits, round);
+        run_round(model, &limits, round, counters);
     }
 }
 
@@ -160,7 +210,12 @@ impl Open {
     }
 }
 
-fn run_round(model: &dyn Forward, limits: &BatchLimits, round: Vec<Request>) {
+fn run_round(
+    model: &dyn Forward,
+    limits: &BatchLimits,
+    round: Vec<Request>,
+    counters: &BatchCounters,
+) {
     let mut rows = Vec::new();
     let mut open = Vec::with_capacity(round.len());
     for (call, req) in round.into_iter().enumerate() {
@@ -216,6 +271,7 @@ fn run_round(model: &dyn Forward, limits: &BatchLimits, round: Vec<Request>) {
         calls.dedup();
         let began = Instant::now();
         let result = model.forward(&inputs).map_err(ModelError::classify);
+        counters.record(&inputs, began.elapsed());
         tracing::debug!(
             rows = batch.len(),
             calls = calls.len(),
@@ -273,7 +329,7 @@ pub(crate) fn run_now(
         span: tracing::Span::current(),
         arrived: Instant::now(),
     };
-    run_round(model, limits, vec![req]);
+    run_round(model, limits, vec![req], &BatchCounters::default());
     rx.try_recv()
         .expect("a round answers every call it was given; this is a bug")
 }
@@ -345,7 +401,12 @@ mod tests {
         let model = Fake::default();
         let (a, mut ra) = request(vec![row(1, 9), row(2, 3), row(3, 6)]);
         let (b, mut rb) = request(vec![row(4, 2), row(5, 8)]);
-        run_round(&model, &limits(2, 1000, 5), vec![a, b]);
+        run_round(
+            &model,
+            &limits(2, 1000, 5),
+            vec![a, b],
+            &BatchCounters::default(),
+        );
         let a = ra.try_recv().unwrap().unwrap();
         let b = rb.try_recv().unwrap().unwrap();
         assert_eq!(a, vec![vec![1., 9.], vec![2., 3.], vec![3., 6.]]);
@@ -399,7 +460,12 @@ mod tests {
         let (b, mut rb) = request(vec![row(3, 4)]);
         drop(ra); // the caller of `a` gave up before the round ran
         let progress = b.progress.clone();
-        run_round(&model, &limits(1, 1000, 0), vec![a, b]);
+        run_round(
+            &model,
+            &limits(1, 1000, 0),
+            vec![a, b],
+            &BatchCounters::default(),
+        );
         assert_eq!(*model.batches.lock().unwrap(), vec![vec![3]]);
         assert_eq!(rb.try_recv().unwrap().unwrap(), vec![vec![3., 4.]]);
         assert_eq!(progress.done(), 1);
@@ -414,7 +480,12 @@ mod tests {
             drop_during_first: Mutex::new(Some(ra)),
             ..Fake::default()
         };
-        run_round(&model, &limits(1, 1000, 0), vec![a]);
+        run_round(
+            &model,
+            &limits(1, 1000, 0),
+            vec![a],
+            &BatchCounters::default(),
+        );
         assert_eq!(*model.batches.lock().unwrap(), vec![vec![1]]);
         assert_eq!(progress.done(), 1);
     }
@@ -433,7 +504,7 @@ mod tests {
             shorts.push(rr);
         }
         drop(tx);
-        serve(&model, limits(8, 1000, 1), rx);
+        serve(&model, limits(8, 1000, 1), rx, &BatchCounters::default());
         assert_eq!(rlong.try_recv().unwrap().unwrap(), vec![vec![100., 50.]]);
         for mut r in shorts {
             assert!(r.try_recv().unwrap().is_ok());
@@ -458,8 +529,12 @@ mod tests {
             replies.push(rr);
         }
         drop(tx);
-        serve(&model, limits(32, 1000, 50), rx);
+        let counters = BatchCounters::default();
+        serve(&model, limits(32, 1000, 50), rx, &counters);
         assert_eq!(model.batches.lock().unwrap().len(), 1);
+        // The counters saw the one batch: 16 rows of 3 tokens.
+        let t = counters.totals();
+        assert_eq!((t.batches, t.rows, t.tokens), (1, 16, 48));
         for (i, mut r) in replies.into_iter().enumerate() {
             assert_eq!(
                 r.try_recv().unwrap().unwrap(),
@@ -479,8 +554,11 @@ mod tests {
             replies.push(rr);
         }
         drop(tx);
-        serve(&model, limits(32, 1000, 0), rx);
+        let counters = BatchCounters::default();
+        serve(&model, limits(32, 1000, 0), rx, &counters);
         assert_eq!(model.batches.lock().unwrap().len(), 4);
+        let t = counters.totals();
+        assert_eq!((t.batches, t.rows, t.tokens), (4, 4, 12));
         assert!(replies.iter_mut().all(|r| r.try_recv().unwrap().is_ok()));
     }
 
@@ -492,7 +570,12 @@ mod tests {
         };
         let (a, mut ra) = request(vec![row(1, 2), row(2, 9)]);
         let (b, mut rb) = request(vec![row(3, 3)]);
-        run_round(&model, &limits(1, 1000, 0), vec![a, b]);
+        run_round(
+            &model,
+            &limits(1, 1000, 0),
+            vec![a, b],
+            &BatchCounters::default(),
+        );
         assert!(matches!(
             ra.try_recv().unwrap(),
             Err(ModelError::OutOfMemory(_))

@@ -9,7 +9,7 @@ use candle_core::{DType, Device};
 use tokio::sync::oneshot;
 
 use crate::{
-    batcher::{self, Forward, Progress, Request, Row},
+    batcher::{self, BatchCounters, BatchTotals, Forward, Progress, Request, Row},
     st_dir::{read_json, MAX_BATCH_ROWS},
     CrossEncoder, CrossEncoderInfo, EmbedOptions, Embedder, Embeddings, ModelError, ModelInfo,
     Scores,
@@ -110,6 +110,7 @@ pub struct Engine {
     kind: Arc<ModelKind>,
     model: Arc<Loaded>,
     queue: mpsc::Sender<Request>,
+    counters: Arc<BatchCounters>,
 }
 
 /// A cross-encoder's config.json names a `*ForSequenceClassification` architecture;
@@ -156,21 +157,29 @@ impl Engine {
         // Unbounded: the runtime's slots bound how many calls can be waiting.
         let (tx, rx) = mpsc::channel::<Request>();
         let on_thread = model.clone();
+        let counters = Arc::new(BatchCounters::default());
+        let thread_counters = counters.clone();
         thread::Builder::new()
             .name(format!("engine-{name}"))
-            .spawn(move || batcher::serve(&*on_thread, limits, rx))
+            .spawn(move || batcher::serve(&*on_thread, limits, rx, &thread_counters))
             .map_err(ModelError::Spawn)?;
         Ok(Self {
             name: name.into(),
             kind: Arc::new(kind),
             model,
             queue: tx,
+            counters,
         })
     }
 
     /// The name this engine's model is served under.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Its forward passes so far (batches, rows, tokens, seconds), for metrics.
+    pub fn batch_totals(&self) -> BatchTotals {
+        self.counters.totals()
     }
 
     /// What the model is.

@@ -18,7 +18,7 @@ mod pooling;
 mod st_dir;
 
 pub use crate::{
-    batcher::Progress,
+    batcher::{BatchCounters, BatchTotals, Progress},
     cross_encoder::{CrossEncoder, CrossEncoderInfo, Scores},
     embedder::{EmbedOptions, Embedder, Embeddings},
     engine::{Engine, EngineDevice, EngineOptions, ModelKind},

@@ -8,6 +8,7 @@ use std::{
     sync::{atomic::AtomicBool, atomic::Ordering, Arc, Mutex},
 };
 
+use gpulane_models::Engine;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
@@ -17,6 +18,9 @@ use tokio::{
 const GPU_UUID: &str = "gpu_uuid";
 const TASK_QUEUE: &str = "task_queue";
 const ACTIVITY_TYPE: &str = "activity_type";
+/// A card's UUID, or `cpu`, for what runs on a device rather than a card's budget.
+const DEVICE: &str = "device";
+const MODEL: &str = "model";
 
 /// (name, type, help) of every family.
 const FAMILIES: &[(&str, &str, &str)] = &[
@@ -60,6 +64,26 @@ const FAMILIES: &[(&str, &str, &str)] = &[
         "counter",
         "Tasks that ran out of card memory, per activity type.",
     ),
+    (
+        "gpulane_batches_total",
+        "counter",
+        "Forward passes an engine ran, per device and model (rows_total / batches_total is the mean batch).",
+    ),
+    (
+        "gpulane_batch_rows_total",
+        "counter",
+        "Texts or (query, document) pairs through forward passes, per device and model.",
+    ),
+    (
+        "gpulane_batch_tokens_total",
+        "counter",
+        "Tokens through forward passes (special tokens included, padding not), per device and model.",
+    ),
+    (
+        "gpulane_batch_seconds_total",
+        "counter",
+        "Seconds engines spent in forward passes, per device and model (its rate is the engine's busy fraction).",
+    ),
 ];
 
 type Labels = Vec<(&'static str, String)>;
@@ -69,6 +93,8 @@ type Labels = Vec<(&'static str, String)>;
 pub(crate) struct Metrics {
     values: Mutex<BTreeMap<(&'static str, Labels), f64>>,
     ready: AtomicBool,
+    /// Engines whose batch counters are read at each scrape, with their device label.
+    engines: Mutex<Vec<(String, Engine)>>,
 }
 
 impl Metrics {
@@ -142,6 +168,31 @@ impl Metrics {
         self.add("gpulane_gpu_out_of_memory_total", l, 1.0);
     }
 
+    /// Exports `engine`'s batch counters, labelled with `device` (a card's UUID or `cpu`)
+    /// and its model's name; they are read at each scrape.
+    pub(crate) fn watch_engine(&self, device: &str, engine: Engine) {
+        self.engines
+            .lock()
+            .expect("metrics lock poisoned; this is a bug")
+            .push((device.to_owned(), engine));
+    }
+
+    /// Copies every watched engine's batch totals into the registry.
+    fn read_engines(&self) {
+        let engines = self
+            .engines
+            .lock()
+            .expect("metrics lock poisoned; this is a bug");
+        for (device, engine) in engines.iter() {
+            let t = engine.batch_totals();
+            let l = || vec![(DEVICE, device.clone()), (MODEL, engine.name().to_owned())];
+            self.set("gpulane_batches_total", l(), t.batches as f64);
+            self.set("gpulane_batch_rows_total", l(), t.rows as f64);
+            self.set("gpulane_batch_tokens_total", l(), t.tokens as f64);
+            self.set("gpulane_batch_seconds_total", l(), t.seconds);
+        }
+    }
+
     /// Marks the worker ready (every lane polling) for `/readyz`.
     pub(crate) fn set_ready(&self) {
         self.ready.store(true, Ordering::Relaxed);
@@ -149,6 +200,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every value.
     pub(crate) fn render(&self) -> String {
+        self.read_engines();
         let values = self
             .values
             .lock()
@@ -231,5 +283,37 @@ mod tests {
         assert!(m
             .render()
             .contains("gpulane_gpu_admitting{gpu_uuid=\"GPU-1\"} 0"));
+    }
+
+    /// An engine's batch counters appear at each scrape, as they stand then.
+    #[test]
+    fn watched_engines_export_their_batch_counters() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/fixtures/tiny-bert-cls");
+        let engine = Engine::start(
+            "tiny",
+            &dir,
+            &gpulane_models::EngineDevice::Cpu,
+            Default::default(),
+        )
+        .unwrap();
+        let m = Metrics::default();
+        m.watch_engine("cpu", engine.clone());
+        assert!(m
+            .render()
+            .contains("gpulane_batches_total{device=\"cpu\",model=\"tiny\"} 0"));
+        let texts = vec!["one".to_owned(), "two words".to_owned()];
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(engine.embed(texts, Default::default(), &Default::default()))
+            .unwrap();
+        let text = m.render();
+        assert!(
+            text.contains("gpulane_batch_rows_total{device=\"cpu\",model=\"tiny\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpulane_batches_total{device=\"cpu\",model=\"tiny\"} 1"),
+            "{text}"
+        );
     }
 }
