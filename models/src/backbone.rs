@@ -25,17 +25,6 @@ pub(crate) fn truncate_at(tok: &mut Tokenizer, max_length: usize) -> Result<(), 
 
 use crate::ModelError;
 
-/// The feed-forward width that bounds working memory: ModernBERT's `Wi` produces the
-/// input and its gate, twice `intermediate_size`.
-pub(crate) fn ffn_width(family: Option<Family>, config: &Value) -> usize {
-    let i = config["intermediate_size"].as_u64().unwrap_or(0) as usize;
-    if family == Some(Family::ModernBert) {
-        2 * i
-    } else {
-        i
-    }
-}
-
 /// Encoder families gpulane can load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Family {
@@ -45,6 +34,17 @@ pub(crate) enum Family {
 }
 
 impl Family {
+    /// The feed-forward width that bounds working memory: `intermediate_size`, doubled
+    /// for ModernBERT, whose `Wi` produces the input and its gate.
+    pub(crate) fn ffn_width(self, config: &Value) -> usize {
+        let i = config["intermediate_size"].as_u64().unwrap_or(0) as usize;
+        if self == Family::ModernBert {
+            2 * i
+        } else {
+            i
+        }
+    }
+
     /// The family of a config.json `model_type`.
     pub(crate) fn of(model_type: &str) -> Option<Self> {
         match model_type {

@@ -6,14 +6,15 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Module};
-use candle_nn::{linear, linear_b, LayerNorm, Linear, VarBuilder};
+use candle_nn::{linear, linear_b, Linear, VarBuilder};
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::{
-    backbone::{ffn_width, truncate_at, Family},
+    backbone::{truncate_at, Family},
     batcher::{run_now, BatchLimits, Forward, Row},
     encoder::{Act, Encoder},
+    modernbert::Norm,
     st_dir::{count_parameters, default_batch_tokens, read_json, working_bytes, MAX_BATCH_ROWS},
     ModelError, Pooling,
 };
@@ -74,24 +75,22 @@ enum Head {
         pooling: Pooling,
         dense: Linear,
         act: Act,
-        norm: LayerNorm,
+        norm: Norm,
+        eps: f32,
         out: Linear,
     },
 }
 
 impl Head {
-    /// ModernBERT's head, as config.json describes it.
-    fn modernbert(config: &Value, vb: &VarBuilder, dir: &Path) -> Result<Self, ModelError> {
-        let h = config["hidden_size"].as_u64().unwrap_or(0) as usize;
-        let eps = config["norm_eps"].as_f64().unwrap_or(1e-5);
+    /// ModernBERT's head of width `h`, as config.json describes it.
+    fn modernbert(
+        config: &Value,
+        vb: &VarBuilder,
+        h: usize,
+        dir: &Path,
+    ) -> Result<Self, ModelError> {
         let flag = |key: &str| config[key].as_bool().unwrap_or(false);
         let head = vb.pp("head");
-        let norm_weight = head.get(h, "norm.weight")?;
-        let norm = if flag("norm_bias") {
-            LayerNorm::new(norm_weight, head.get(h, "norm.bias")?, eps)
-        } else {
-            LayerNorm::new_no_bias(norm_weight, eps)
-        };
         let pooling = match config["classifier_pooling"].as_str().unwrap_or("cls") {
             "cls" => Pooling::Cls,
             "mean" => Pooling::Mean,
@@ -109,7 +108,8 @@ impl Head {
                 config["classifier_activation"].as_str().unwrap_or("gelu"),
                 dir,
             )?,
-            norm,
+            norm: Norm::load(head.pp("norm"), h, flag("norm_bias"))?,
+            eps: config["norm_eps"].as_f64().unwrap_or(1e-5) as f32,
             out: linear(h, 1, vb.pp("classifier"))?,
         })
     }
@@ -182,7 +182,7 @@ impl CrossEncoder {
                 out: linear(h, 1, vb.pp("classifier.out_proj"))?,
             },
             (Some(Family::ModernBert), "ModernBertForSequenceClassification") => {
-                Head::modernbert(&config, &vb, dir)?
+                Head::modernbert(&config, &vb, h, dir)?
             }
             _ => {
                 return Err(unsupported(format!(
@@ -198,9 +198,9 @@ impl CrossEncoder {
             info: CrossEncoderInfo {
                 architecture,
                 max_length,
-                hidden_size: config["hidden_size"].as_u64().unwrap_or(0) as usize,
+                hidden_size: h,
                 parameters,
-                intermediate_size: ffn_width(family, &config),
+                intermediate_size: family.map_or(0, |f| f.ffn_width(&config)),
                 num_heads: config["num_attention_heads"].as_u64().unwrap_or(1) as usize,
             },
         })
@@ -269,10 +269,14 @@ impl Forward for CrossEncoder {
                 dense,
                 act,
                 norm,
+                eps,
                 out,
             } => {
-                let pooled = tokens.pool(*pooling)?.to_dtype(tokens.hidden.dtype())?;
-                out.forward(&norm.forward(&act.apply(&dense.forward(&pooled)?)?)?)?
+                let pooled = match pooling {
+                    Pooling::Cls => tokens.first_tokens()?,
+                    _ => tokens.pool(*pooling)?.to_dtype(tokens.hidden.dtype())?,
+                };
+                out.forward(&norm.forward(&act.apply(&dense.forward(&pooled)?)?, *eps)?)?
             }
         };
         Ok(logits

@@ -49,6 +49,24 @@ impl Act {
         })
     }
 
+    /// `act(input) · gate` of a gated feed-forward's up-projection `[N, 2I]` = `[input |
+    /// gate]`: the fused kernel for GELU, candle ops otherwise.
+    pub(crate) fn gated(self, up: &Tensor) -> candle_core::Result<Tensor> {
+        if self == Act::Gelu {
+            return kernels::gated_gelu(up);
+        }
+        let i = up.dim(1)? / 2;
+        self.apply(&up.narrow(1, 0, i)?)? * up.narrow(1, i, i)?
+    }
+
+    /// `act(x + bias)`: the fused kernel for GELU, candle ops otherwise.
+    pub(crate) fn with_bias(self, x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+        if self == Act::Gelu {
+            return kernels::bias_gelu(x, bias);
+        }
+        self.apply(&x.broadcast_add(bias)?)
+    }
+
     /// The activation, element-wise, through candle ops.
     pub(crate) fn apply(self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
@@ -295,11 +313,8 @@ impl Bert {
                 types.extend_from_slice(&r.types);
             }
         }
-        let dev = &self.device;
-        let n = batch.tokens();
-        let types = Tensor::from_vec(types, n, dev)?;
-        let pos: Vec<u32> = batch.positions.iter().map(|p| first_position + p).collect();
-        let pos = Tensor::from_vec(pos, n, dev)?;
+        let types = Tensor::from_vec(types, batch.tokens(), &self.device)?;
+        let pos = batch.position_ids(first_position)?;
 
         let x = ((self.word.index_select(&batch.ids, 0)?
             + self.position.index_select(&pos, 0)?)?
@@ -310,11 +325,7 @@ impl Bert {
             let ctx = batch.attend(&qkv, self.heads, None)?;
             let attn = ctx.matmul(&l.attn_out)?;
             x = kernels::add_norm(&attn, &x, &l.attn_norm, self.eps)?;
-            let up = x.matmul(&l.inter)?;
-            let up = match self.act {
-                Act::Gelu => kernels::bias_gelu(&up, &l.inter_bias)?,
-                other => other.apply(&up.broadcast_add(&l.inter_bias)?)?,
-            };
+            let up = self.act.with_bias(&x.matmul(&l.inter)?, &l.inter_bias)?;
             let down = up.matmul(&l.out)?;
             x = kernels::add_norm(&down, &x, &l.out_norm, self.eps)?;
         }
@@ -329,7 +340,7 @@ pub(crate) struct Batch {
     /// `[N]` token ids of every row, concatenated.
     pub(crate) ids: Tensor,
     /// Each packed token's position within its row, from 0.
-    pub(crate) positions: Vec<u32>,
+    positions: Vec<u32>,
     starts: Vec<usize>,
     lens: Vec<usize>,
     pad: Option<Padding>,
@@ -343,12 +354,12 @@ struct Padding {
     t: usize,
     gather: Tensor,
     scatter: Tensor,
-    /// `[B, T]`: 0 for real tokens, −∞ for padding.
+    /// `[B, 1, 1, T]` in the model's dtype: 0 for real keys, −∞ for padding.
     mask: Tensor,
-    /// The `[T, T]` sliding-window band and its window, built on first use in the
-    /// scores' dtype (every local layer of a model has the same window; another window
-    /// builds its own).
-    band: std::cell::OnceCell<(usize, Tensor)>,
+    /// For local layers, `mask` plus the `[T, T]` sliding-window band, `[B, 1, T, T]`,
+    /// with its window: built by the first local layer of a batch, reused by the others
+    /// (every local layer of a model has the same window; another window builds its own).
+    banded: std::cell::OnceCell<(usize, Tensor)>,
 }
 
 impl Batch {
@@ -358,7 +369,7 @@ impl Batch {
         let lens: Vec<usize> = rows.iter().map(|r| r.len()).collect();
         let n: usize = lens.iter().sum();
         let (b, t) = (rows.len(), lens.iter().copied().max().unwrap_or(0));
-        let padded = !(device.is_cpu() && dtype == DType::F32);
+        let padded = !kernels::packed_attention_runs(device, dtype);
         let mut starts = Vec::with_capacity(b);
         let mut ids: Vec<u32> = Vec::with_capacity(n);
         let mut positions: Vec<u32> = Vec::with_capacity(n);
@@ -382,8 +393,8 @@ impl Batch {
                 t,
                 gather: Tensor::from_vec(gather, b * t, device)?,
                 scatter: Tensor::from_vec(scatter, n, device)?,
-                mask: Tensor::from_vec(mask, (b, t), device)?,
-                band: Default::default(),
+                mask: Tensor::from_vec(mask, (b, 1, 1, t), device)?.to_dtype(dtype)?,
+                banded: Default::default(),
             })
         } else {
             None
@@ -400,6 +411,12 @@ impl Batch {
     /// Real tokens in the batch.
     pub(crate) fn tokens(&self) -> usize {
         self.positions.len()
+    }
+
+    /// `[N]` each packed token's position id: its place in its row plus `first`.
+    pub(crate) fn position_ids(&self, first: u32) -> Result<Tensor, ModelError> {
+        let pos: Vec<u32> = self.positions.iter().map(|p| first + p).collect();
+        Ok(Tensor::from_vec(pos, self.tokens(), self.ids.device())?)
     }
 
     /// Self-attention of packed `qkv` (`[N, 3H]`, Q pre-scaled by 1/√d) to its context
@@ -429,18 +446,19 @@ impl Batch {
             .contiguous()?;
         let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
         let scores = q.matmul(&k.t()?)?;
-        let band = match window {
-            None => None,
-            Some(w) => Some(match p.band.get() {
-                Some((cached, band)) if *cached == w => band.clone(),
+        let bias = match window {
+            None => p.mask.clone(),
+            Some(w) => match p.banded.get() {
+                Some((cached, banded)) if *cached == w => banded.clone(),
                 _ => {
                     let band = kernels::band(t, w, scores.dtype(), scores.device())?;
-                    let _ = p.band.set((w, band.clone()));
-                    band
+                    let banded = p.mask.broadcast_add(&band)?;
+                    let _ = p.banded.set((w, banded.clone()));
+                    banded
                 }
-            }),
+            },
         };
-        let probs = kernels::masked_softmax(scores, &p.mask, band.as_ref())?;
+        let probs = kernels::masked_softmax(scores, &bias)?;
         Ok(probs
             .matmul(&v)?
             .transpose(1, 2)?
@@ -470,11 +488,12 @@ impl Packed {
 
     /// One vector per row under `pooling`, `[B, H]` in f32.
     pub(crate) fn pool(&self, pooling: Pooling) -> Result<Tensor, ModelError> {
-        let hidden = self.hidden.to_dtype(DType::F32)?;
-        let dev = hidden.device();
+        // CLS converts only the rows it keeps; the others read every token.
+        let hidden = || self.hidden.to_dtype(DType::F32);
         Ok(match pooling {
             Pooling::Cls => self.first_tokens()?.to_dtype(DType::F32)?,
             Pooling::Mean | Pooling::MeanSqrtLen => {
+                let hidden = hidden()?;
                 // A [B, N] weight matrix: one matmul averages every row's own tokens.
                 let (b, n) = (self.lens.len(), hidden.dim(0)?);
                 let mut w = vec![0f32; b * n];
@@ -488,9 +507,10 @@ impl Packed {
                     };
                     w[i * n + s..i * n + s + len].fill(weight);
                 }
-                Tensor::from_vec(w, (b, n), dev)?.matmul(&hidden)?
+                Tensor::from_vec(w, (b, n), hidden.device())?.matmul(&hidden)?
             }
             Pooling::Max => {
+                let hidden = hidden()?;
                 let rows = self
                     .starts
                     .iter()

@@ -464,8 +464,15 @@ pub(crate) fn attention(
     })
 }
 
-/// Whether the fused CPU kernels (`bias_gelu`, `add_norm`) run for this tensor.
-pub(crate) fn fused(t: &Tensor) -> bool {
+/// Whether packed [`attention`] serves a model on `device` in `dtype` (the CPU in f32);
+/// everything else takes the padded path and [`masked_softmax`].
+pub(crate) fn packed_attention_runs(device: &candle_core::Device, dtype: DType) -> bool {
+    device.is_cpu() && dtype == DType::F32
+}
+
+/// Whether the fused CPU kernels (`bias_gelu`, `gated_gelu`, `add_norm`) run for this
+/// tensor.
+fn fused(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous()
 }
 
@@ -502,27 +509,17 @@ pub(crate) fn add_norm(x: &Tensor, residual: &Tensor, params: &Tensor, eps: f32)
     }
 }
 
-/// Softmax over the last dimension of attention scores `[B, heads, T, T]` plus an additive
-/// key mask `[B, T]` (0 for real tokens, −∞ for padding) and, for sliding-window layers,
-/// an additive `[T, T]` band (see [`band`]): the padded attention path's softmax (CUDA,
-/// f16/bf16). The CPU in f32 runs [`attention`] instead, so this is plain candle ops.
+/// Softmax over the last dimension of attention scores `[B, heads, T, T]` plus `bias`,
+/// one additive term in the scores' dtype, broadcast over them: the key mask `[B, 1, 1,
+/// T]` (0 for real keys, −∞ for padding), or for a sliding-window layer that mask plus
+/// the band (see [`band`]), `[B, 1, T, T]`; the caller builds either once per batch. The
+/// padded attention path's softmax (CUDA, f16/bf16); the CPU in f32 runs [`attention`]
+/// instead, so this is plain candle ops.
 ///
 /// `scores` is taken by value and dropped once masked, so no more than two score-sized
 /// tensors are alive at once: the count `ModelInfo::working_bytes` charges.
-pub(crate) fn masked_softmax(
-    scores: Tensor,
-    mask: &Tensor,
-    band: Option<&Tensor>,
-) -> Result<Tensor> {
-    let (b, t) = mask.dims2()?;
-    let mask = mask.reshape((b, 1, 1, t))?.to_dtype(scores.dtype())?;
-    // One additive term, so the masked sum is the only score-sized temporary; with a band
-    // it is [B, 1, T, T], 1/heads of the scores.
-    let bias = match band {
-        Some(band) => mask.broadcast_add(&band.to_dtype(scores.dtype())?)?,
-        None => mask,
-    };
-    let masked = scores.broadcast_add(&bias)?;
+pub(crate) fn masked_softmax(scores: Tensor, bias: &Tensor) -> Result<Tensor> {
+    let masked = scores.broadcast_add(bias)?;
     drop(scores);
     candle_nn::ops::softmax_last_dim(&masked)
 }
@@ -746,7 +743,12 @@ mod tests {
                 .collect();
             let mask = Tensor::from_vec(mask, (1, t), &Device::Cpu).unwrap();
             let scores = q.matmul(&k.t().unwrap()).unwrap();
-            let p = masked_softmax(scores, &mask, Some(&band)).unwrap();
+            let bias = mask
+                .reshape((1, 1, 1, t))
+                .unwrap()
+                .broadcast_add(&band)
+                .unwrap();
+            let p = masked_softmax(scores, &bias).unwrap();
             let want = p
                 .matmul(&v)
                 .unwrap()
@@ -783,7 +785,7 @@ mod tests {
             }
         }
         let mask = Tensor::from_vec(mask, (b, t), &Device::Cpu).unwrap();
-        let got = masked_softmax(scores.clone(), &mask, None).unwrap();
+        let got = masked_softmax(scores.clone(), &mask.reshape((b, 1, 1, t)).unwrap()).unwrap();
         let want = candle_nn::ops::softmax(
             &scores
                 .broadcast_add(&mask.reshape((b, 1, 1, t)).unwrap())

@@ -20,20 +20,23 @@ use candle_nn::VarBuilder;
 use serde_json::Value;
 
 use crate::{
+    backbone::Family,
     batcher::Row,
     encoder::{sizes, Act, Batch, Packed},
-    kernels, ModelError,
+    ModelError,
 };
 
-/// LayerNorm with an optional bias (ModernBERT's `norm_bias`, usually false).
-struct Norm {
+/// LayerNorm with an optional bias (ModernBERT's `norm_bias`, usually false). Not
+/// candle_nn's `LayerNorm`: without a bias that one skips its fused op for six separate
+/// ones.
+pub(crate) struct Norm {
     gamma: Tensor,
     /// Zeros when the checkpoint has no bias, so one candle op serves both.
     beta: Tensor,
 }
 
 impl Norm {
-    fn load(vb: VarBuilder, hidden: usize, bias: bool) -> Result<Self, ModelError> {
+    pub(crate) fn load(vb: VarBuilder, hidden: usize, bias: bool) -> Result<Self, ModelError> {
         let gamma = vb.get(hidden, "weight")?;
         let beta = if bias {
             vb.get(hidden, "bias")?
@@ -43,7 +46,7 @@ impl Norm {
         Ok(Self { gamma, beta })
     }
 
-    fn forward(&self, x: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
+    pub(crate) fn forward(&self, x: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
         Ok(candle_nn::ops::layer_norm(x, &self.gamma, &self.beta, eps)?)
     }
 }
@@ -227,7 +230,7 @@ impl ModernBert {
     /// `model.` (`ModernBertForMaskedLM`, `ModernBertForSequenceClassification`).
     pub(crate) fn load(config: &Value, vb: VarBuilder, path: &Path) -> Result<Self, ModelError> {
         let (hidden, heads, n_layers, inter, vocab) = sizes(config, path)?;
-        let positions = config["max_position_embeddings"].as_u64().unwrap_or(8192) as usize;
+        let positions = Family::ModernBert.max_positions(config);
         let eps = config["norm_eps"].as_f64().unwrap_or(1e-5) as f32;
         let flag = |key: &str| config[key].as_bool().unwrap_or(false);
         let (norm_bias, attn_bias, mlp_bias) =
@@ -293,8 +296,7 @@ impl ModernBert {
     /// pools).
     pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
         let batch = Batch::new(rows, &self.device, self.word.dtype())?;
-        let n = batch.tokens();
-        let pos = Tensor::from_vec(batch.positions.clone(), n, &self.device)?;
+        let pos = batch.position_ids(0)?;
         let global = self.global.at(&pos)?;
         let local = self.local.at(&pos)?;
         let mut x = self
@@ -310,14 +312,7 @@ impl ModernBert {
             let ctx = batch.attend(&qkv, self.heads, l.local.then_some(self.window))?;
             x = (x + l.attn_out.forward(&ctx)?)?;
             let up = l.wi.forward(&l.mlp_norm.forward(&x, self.eps)?)?;
-            let gated = match self.act {
-                Act::Gelu => kernels::gated_gelu(&up)?,
-                other => {
-                    let i = up.dim(1)? / 2;
-                    (other.apply(&up.narrow(1, 0, i)?)? * up.narrow(1, i, i)?)?
-                }
-            };
-            x = (x + l.wo.forward(&gated)?)?;
+            x = (x + l.wo.forward(&self.act.gated(&up)?)?)?;
         }
         let x = self.final_norm.forward(&x, self.eps)?;
         Ok(batch.into_packed(x))

@@ -2,10 +2,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::{
-    backbone::{ffn_width, Family},
-    ModelError, Pooling,
-};
+use crate::{backbone::Family, ModelError, Pooling};
 
 /// What a sentence-transformers model directory declares, read from its own files:
 /// `config.json` (architecture and sizes), `modules.json` (is there a `Normalize`
@@ -274,7 +271,7 @@ impl SentenceTransformerDir {
             dimensions: dim("hidden_size")?,
             num_layers: dim("num_hidden_layers")?,
             num_heads: dim("num_attention_heads")?,
-            intermediate_size: ffn_width(Some(family), &config),
+            intermediate_size: family.ffn_width(&config),
             parameters: count_parameters(&path.join("model.safetensors"))?,
             prompts: Default::default(),
             batch_tokens: default_batch_tokens(max_seq_length),
