@@ -114,7 +114,7 @@ pub struct BatchCounters {
 /// [`BatchCounters`] read at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct BatchTotals {
-    /// Forward passes run.
+    /// Forward passes run, failed ones included.
     pub batches: u64,
     /// Texts or (query, document) pairs through them.
     pub rows: u64,
@@ -125,7 +125,7 @@ pub struct BatchTotals {
 }
 
 impl BatchCounters {
-    fn record(&self, batch: &[&Row], took: std::time::Duration) {
+    fn record(&self, batch: &[&Row], took: Duration) {
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.rows.fetch_add(batch.len() as u64, Ordering::Relaxed);
         let tokens: usize = batch.iter().map(|r| r.len()).sum();
@@ -266,19 +266,23 @@ fn run_round(
             end += 1;
         }
         let inputs: Vec<&Row> = batch.iter().map(|&i| &rows[i].2).collect();
-        let mut calls: Vec<usize> = batch.iter().map(|&i| rows[i].0).collect();
-        calls.sort_unstable();
-        calls.dedup();
         let began = Instant::now();
         let result = model.forward(&inputs).map_err(ModelError::classify);
-        counters.record(&inputs, began.elapsed());
-        tracing::debug!(
-            rows = batch.len(),
-            calls = calls.len(),
-            width = inputs.last().map_or(0, |r| r.len()),
-            ms = began.elapsed().as_secs_f64() * 1e3,
-            "batch"
-        );
+        let took = began.elapsed();
+        counters.record(&inputs, took);
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            // Distinct calls in the batch: counted only for the log.
+            let mut calls: Vec<usize> = batch.iter().map(|&i| rows[i].0).collect();
+            calls.sort_unstable();
+            calls.dedup();
+            tracing::debug!(
+                rows = batch.len(),
+                calls = calls.len(),
+                width = inputs.last().map_or(0, |r| r.len()),
+                ms = took.as_secs_f64() * 1e3,
+                "batch"
+            );
+        }
         match result {
             Ok(outs) => {
                 assert_eq!(

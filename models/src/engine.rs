@@ -9,7 +9,7 @@ use candle_core::{DType, Device};
 use tokio::sync::oneshot;
 
 use crate::{
-    batcher::{self, BatchCounters, BatchTotals, Forward, Progress, Request, Row},
+    batcher::{self, BatchCounters, Forward, Progress, Request, Row},
     st_dir::{read_json, MAX_BATCH_ROWS},
     CrossEncoder, CrossEncoderInfo, EmbedOptions, Embedder, Embeddings, ModelError, ModelInfo,
     Scores,
@@ -177,9 +177,10 @@ impl Engine {
         &self.name
     }
 
-    /// Its forward passes so far (batches, rows, tokens, seconds), for metrics.
-    pub fn batch_totals(&self) -> BatchTotals {
-        self.counters.totals()
+    /// Its forward-pass counters (batches, rows, tokens, seconds), for metrics. A holder
+    /// of the counters does not keep the engine (its thread and weights) alive.
+    pub fn counters(&self) -> Arc<BatchCounters> {
+        self.counters.clone()
     }
 
     /// What the model is.

@@ -447,7 +447,7 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
                     architecture = %info.architecture, max_length = info.max_length,
                     "model loaded"),
             }
-            metrics.watch_engine(p.label(), engine.clone());
+            metrics.watch_engine(p.label(), &engine);
             engines.push(engine);
         }
         if engines.is_empty() {

@@ -1,6 +1,7 @@
 //! Every metric gpulane exports, declared once here, rendered in Prometheus text format,
 //! and served with health endpoints. Names and labels follow DCGM / Temporal style
-//! (`gpu_uuid`, `task_queue`, `activity_type`).
+//! (`gpu_uuid`, `task_queue`, `activity_type`); what runs on a device rather than on a
+//! card's budget is labelled `device` (a card's UUID, or `cpu`) and `model`.
 
 use std::{
     collections::BTreeMap,
@@ -8,7 +9,7 @@ use std::{
     sync::{atomic::AtomicBool, atomic::Ordering, Arc, Mutex},
 };
 
-use gpulane_models::Engine;
+use gpulane_models::{BatchCounters, Engine};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
@@ -93,8 +94,9 @@ type Labels = Vec<(&'static str, String)>;
 pub(crate) struct Metrics {
     values: Mutex<BTreeMap<(&'static str, Labels), f64>>,
     ready: AtomicBool,
-    /// Engines whose batch counters are read at each scrape, with their device label.
-    engines: Mutex<Vec<(String, Engine)>>,
+    /// Engines' batch counters, read at each scrape, with their device and model labels;
+    /// the counters only, so metrics never keep an engine alive.
+    engines: Mutex<Vec<(Labels, Arc<BatchCounters>)>>,
 }
 
 impl Metrics {
@@ -170,11 +172,15 @@ impl Metrics {
 
     /// Exports `engine`'s batch counters, labelled with `device` (a card's UUID or `cpu`)
     /// and its model's name; they are read at each scrape.
-    pub(crate) fn watch_engine(&self, device: &str, engine: Engine) {
+    pub(crate) fn watch_engine(&self, device: &str, engine: &Engine) {
+        let labels = vec![
+            (DEVICE, device.to_owned()),
+            (MODEL, engine.name().to_owned()),
+        ];
         self.engines
             .lock()
             .expect("metrics lock poisoned; this is a bug")
-            .push((device.to_owned(), engine));
+            .push((labels, engine.counters()));
     }
 
     /// Copies every watched engine's batch totals into the registry.
@@ -183,9 +189,9 @@ impl Metrics {
             .engines
             .lock()
             .expect("metrics lock poisoned; this is a bug");
-        for (device, engine) in engines.iter() {
-            let t = engine.batch_totals();
-            let l = || vec![(DEVICE, device.clone()), (MODEL, engine.name().to_owned())];
+        for (labels, counters) in engines.iter() {
+            let t = counters.totals();
+            let l = || labels.clone();
             self.set("gpulane_batches_total", l(), t.batches as f64);
             self.set("gpulane_batch_rows_total", l(), t.rows as f64);
             self.set("gpulane_batch_tokens_total", l(), t.tokens as f64);
@@ -298,7 +304,7 @@ mod tests {
         )
         .unwrap();
         let m = Metrics::default();
-        m.watch_engine("cpu", engine.clone());
+        m.watch_engine("cpu", &engine);
         assert!(m
             .render()
             .contains("gpulane_batches_total{device=\"cpu\",model=\"tiny\"} 0"));
