@@ -186,8 +186,11 @@ fn attention_seq(
                 None => (0, len),
             };
             let (m, n) = (i1 - i0, hi - lo);
-            scores.clear();
-            scores.resize(m * n, 0.0);
+            // Grown, never cleared: gemm overwrites the m × n it uses (it reads no dst).
+            if scores.len() < m * n {
+                scores.resize(m * n, 0.0);
+            }
+            let scores = &mut scores[..m * n];
             let q = qkv[i0 * 3 * h + head * d..].as_ptr();
             let k = qkv[lo * 3 * h + h + head * d..].as_ptr();
             let v = qkv[lo * 3 * h + 2 * h + head * d..].as_ptr();

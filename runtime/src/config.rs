@@ -71,6 +71,12 @@ pub struct HubArgs {
     pub hf_endpoint: Option<String>,
 }
 
+/// A count that must be at least 1, refused when the flags are parsed (before any model
+/// loads) rather than deep in start-up.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..)
+}
+
 /// An http(s) base URL, without a trailing slash (hf-hub appends `/{repo}/resolve/...`).
 fn hub_endpoint(s: &str) -> Result<String, String> {
     let url = s.trim_end_matches('/');
@@ -224,7 +230,7 @@ pub struct RunArgs {
     pub models: ModelArgs,
 
     /// Most activities running (or polls waiting) at once on one card, over all its lanes.
-    #[arg(long, env = "GPULANE_MAX_CONCURRENT_PER_CARD", default_value_t = 8)]
+    #[arg(long, env = "GPULANE_MAX_CONCURRENT_PER_CARD", default_value_t = 8, value_parser = at_least_one())]
     pub max_concurrent_per_card: usize,
 
     /// Card memory never promised to tasks: bytes (e.g. 2GiB) or a fraction of the card's
@@ -242,8 +248,8 @@ pub struct RunArgs {
     pub memory_refresh_ms: u64,
 
     /// Most activities running at once on the CPU lanes (together). Concurrent activities
-    /// share forward passes, so this is also how many calls one batch can gather.
-    #[arg(long, env = "GPULANE_MAX_CONCURRENT_CPU", default_value_t = 32)]
+    /// share forward passes, so this also bounds how many calls one round can gather.
+    #[arg(long, env = "GPULANE_MAX_CONCURRENT_CPU", default_value_t = 32, value_parser = at_least_one())]
     pub max_concurrent_cpu: usize,
 
     /// Milliseconds a model's engine waits for more activities to fill a batch after the
@@ -253,7 +259,7 @@ pub struct RunArgs {
 
     /// Most texts (or query-document pairs) in one forward pass, over all the activities
     /// batched together; a model's max_batch_tokens also bounds it.
-    #[arg(long, env = "GPULANE_BATCH_ROWS", default_value_t = 32)]
+    #[arg(long, env = "GPULANE_BATCH_ROWS", default_value_t = 32, value_parser = at_least_one())]
     pub batch_rows: usize,
 
     /// Where to serve /metrics, /healthz and /readyz (host:port; port 0 picks one; `off`
@@ -349,6 +355,19 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_counts_are_refused_when_parsing() {
+        for flag in [
+            "--max-concurrent-per-card",
+            "--max-concurrent-cpu",
+            "--batch-rows",
+        ] {
+            let argv = ["gpulane", "run", "--model", "/m", flag, "0"];
+            assert!(Cli::try_parse_from(argv).is_err(), "{flag} 0 was accepted");
+        }
+        assert_eq!(run_args(&["--batch-rows", "1"]).batch_rows, 1);
+    }
 
     #[test]
     fn hub_endpoints_are_http_urls_without_a_trailing_slash() {

@@ -333,11 +333,6 @@ fn card_budget(
     let headroom = args
         .headroom_bytes(gpu.total_memory)
         .map_err(RuntimeError::Config)?;
-    if args.max_concurrent_per_card == 0 {
-        return Err(RuntimeError::Config(
-            "--max-concurrent-per-card must be at least 1".to_owned(),
-        ));
-    }
     tracing::info!(gpu_uuid = %gpu.uuid, embed_bytes = embed_cost, rerank_bytes = rerank_cost,
         resident_bytes = resident, headroom_bytes = headroom, cap = args.max_concurrent_per_card,
         "card admission budget");
@@ -475,11 +470,6 @@ async fn run(args: RunArgs) -> Result<(), RuntimeError> {
             None => None,
         };
         devices.push((p, acts, budget));
-    }
-    if args.max_concurrent_cpu == 0 {
-        return Err(RuntimeError::Config(
-            "--max-concurrent-cpu must be at least 1".to_owned(),
-        ));
     }
     let budgets: Vec<Arc<CardBudget>> = devices.iter().filter_map(|d| d.2.clone()).collect();
     if !budgets.is_empty() {
