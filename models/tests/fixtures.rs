@@ -82,6 +82,13 @@ fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
     }
 }
 
+/// The embedder in `dir` on the CPU in `dtype`, and the reference.json beside it.
+fn embedder_and_reference(dir: &Path, dtype: candle_core::DType) -> (serde_json::Value, Embedder) {
+    let r = reference(&dir.join("reference.json"));
+    let model = Embedder::load(dir, &candle_core::Device::Cpu, dtype).unwrap();
+    (r, model)
+}
+
 fn texts(r: &serde_json::Value) -> Vec<String> {
     serde_json::from_value(r["texts"].clone()).unwrap()
 }
@@ -162,9 +169,8 @@ fn minilm_refuses_long_text_when_truncation_is_off() {
 
 #[test]
 fn tiny_bert_cls_matches_sentence_transformers() {
-    let dir = fixtures().join("tiny-bert-cls");
-    let r = reference(&dir.join("reference.json"));
-    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    let (r, model) =
+        embedder_and_reference(&fixtures().join("tiny-bert-cls"), candle_core::DType::F32);
     assert_eq!(model.info().pooling, gpulane_models::Pooling::Cls);
     assert_eq!(model.info().max_seq_length, 128);
     let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
@@ -174,9 +180,8 @@ fn tiny_bert_cls_matches_sentence_transformers() {
 /// Batching must not change results: one text alone and inside a padded batch agree.
 #[test]
 fn batching_does_not_change_vectors() {
-    let dir = fixtures().join("tiny-bert-cls");
-    let r = reference(&dir.join("reference.json"));
-    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    let (r, model) =
+        embedder_and_reference(&fixtures().join("tiny-bert-cls"), candle_core::DType::F32);
     let texts = texts(&r);
     let all = model.embed(&texts, EmbedOptions::default()).unwrap();
     for (i, t) in texts.iter().enumerate() {
@@ -189,9 +194,8 @@ fn batching_does_not_change_vectors() {
 
 #[test]
 fn tiny_xlmr_mean_matches_sentence_transformers() {
-    let dir = fixtures().join("tiny-xlmr-mean");
-    let r = reference(&dir.join("reference.json"));
-    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    let (r, model) =
+        embedder_and_reference(&fixtures().join("tiny-xlmr-mean"), candle_core::DType::F32);
     assert_eq!(model.info().pooling, gpulane_models::Pooling::Mean);
     assert_eq!(model.info().max_seq_length, 64);
     let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
@@ -268,9 +272,10 @@ fn own_fixture(name: &str) -> PathBuf {
 /// run past the sliding window of its local layers.
 #[test]
 fn tiny_modernbert_mean_matches_sentence_transformers() {
-    let dir = own_fixture("tiny-modernbert-mean");
-    let r = reference(&dir.join("reference.json"));
-    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    let (r, model) = embedder_and_reference(
+        &own_fixture("tiny-modernbert-mean"),
+        candle_core::DType::F32,
+    );
     assert_eq!(model.info().architecture, "ModernBertModel");
     assert_eq!(model.info().pooling, gpulane_models::Pooling::Mean);
     assert_eq!(model.info().max_seq_length, 128);
@@ -303,9 +308,8 @@ fn tiny_modernbert_mean_matches_sentence_transformers() {
 /// on, CLS pooling.
 #[test]
 fn tiny_modernbert_cls_matches_sentence_transformers() {
-    let dir = own_fixture("tiny-modernbert-cls");
-    let r = reference(&dir.join("reference.json"));
-    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    let (r, model) =
+        embedder_and_reference(&own_fixture("tiny-modernbert-cls"), candle_core::DType::F32);
     assert_eq!(model.info().pooling, gpulane_models::Pooling::Cls);
     let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
     assert_close(
@@ -319,9 +323,10 @@ fn tiny_modernbert_cls_matches_sentence_transformers() {
 /// its local layers must agree with the packed kernel's window.
 #[test]
 fn tiny_modernbert_padded_path_in_bf16_stays_close_to_the_reference() {
-    let dir = own_fixture("tiny-modernbert-mean");
-    let r = reference(&dir.join("reference.json"));
-    let model = Embedder::load(&dir, &candle_core::Device::Cpu, candle_core::DType::BF16).unwrap();
+    let (r, model) = embedder_and_reference(
+        &own_fixture("tiny-modernbert-mean"),
+        candle_core::DType::BF16,
+    );
     let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
     assert_cosine_at_least(
         &out.vectors,

@@ -143,6 +143,14 @@ def cosine_and_max_abs(a, b):
     return dot / max(na * nb, 1e-12), max(abs(x - y) for x, y in zip(a, b))
 
 
+def assert_vectors_close(got, want, tag):
+    """The fixture bounds, row by row: cosine >= 0.9999 and max abs diff <= 1e-4."""
+    assert len(got) == len(want), (tag, len(got), len(want))
+    for i, (g, w) in enumerate(zip(got, want)):
+        cos, max_abs = cosine_and_max_abs(g, w)
+        assert cos >= 0.9999 and max_abs <= 1e-4, (tag, i, cos, max_abs)
+
+
 @contextlib.asynccontextmanager
 async def workflow_env(address):
     """A Temporal client and a Python worker for the test workflows on a fresh queue."""

@@ -4,7 +4,7 @@ import asyncio
 import uuid
 from datetime import timedelta
 
-from conftest import FIXTURES, cosine_and_max_abs, load_reference, workflow_env
+from conftest import FIXTURES, assert_vectors_close, load_reference, workflow_env
 
 
 def call(address, activity, queue, payload):
@@ -30,9 +30,7 @@ def test_four_named_models_serve_embed_and_rerank_by_name(temporal_address, gpul
         ref = load_reference(fixture)
         out = call(temporal_address, "embed", "cpu-tools", {"texts": ref["texts"], "model": model})["ok"]
         assert out["model"] == model
-        for i, (got, want) in enumerate(zip(out["embeddings"], ref["embeddings"])):
-            cos, max_abs = cosine_and_max_abs(got, want)
-            assert cos >= 0.9999 and max_abs <= 1e-4, (model, i, cos, max_abs)
+        assert_vectors_close(out["embeddings"], ref["embeddings"], model)
 
     # Without "model", embed takes the first embedder and rerank the first cross-encoder.
     assert call(temporal_address, "embed", "cpu-tools", {"texts": ["x"]})["ok"]["model"] == "bert-cls"
