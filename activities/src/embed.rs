@@ -5,7 +5,7 @@ use gpulane_proto::EmbedRequest;
 use serde_json::Value;
 
 use crate::{
-    input::{invalid, object, opt_bool, opt_positive, opt_string, strings},
+    input::{invalid, object, opt_bool, opt_positive, opt_string, quote, strings, text_within},
     ActivityError, Limits,
 };
 
@@ -43,11 +43,17 @@ pub(crate) fn parse_embed(input: &[u8], limits: &Limits) -> Result<EmbedRequest,
     if let Some(e) = &encoding {
         if e != "float" && e != "base64" {
             return Err(invalid(format!(
-                "field \"encoding\" is {e:?}; use \"float\" (default) or \"base64\" (little-endian float32)"
+                "field \"encoding\" is {}; use \"float\" (default) or \"base64\" (little-endian float32)",
+                quote(e)
             )));
         }
     }
     let prompt = opt_string(&obj, "prompt")?;
+    if let Some(p) = &prompt {
+        // The prompt is put before every text, so it counts against the per-text limit
+        // with each of them (checked again, with its texts, once the model is known).
+        text_within("field \"prompt\"", p, limits)?;
+    }
     let prompt_name = opt_string(&obj, "prompt_name")?;
     if prompt.is_some() && prompt_name.is_some() {
         return Err(invalid(
@@ -120,6 +126,24 @@ mod tests {
         );
         assert!(err(r#"{"texts": ["a"], "normalize": "yes"}"#)
             .contains("\"normalize\" must be true or false"));
+    }
+
+    #[test]
+    fn an_oversized_prompt_is_refused_naming_the_limit() {
+        let m = err(r#"{"texts": ["a"], "prompt": "0123456789x"}"#);
+        assert!(
+            m.contains("field \"prompt\" has 11 characters") && m.contains("limit of 10"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn echoed_strings_are_cut() {
+        let name = "k".repeat(10_000);
+        let m = err(&format!(r#"{{"texts": ["a"], "{name}": 1}}"#));
+        assert!(m.len() < 300 && m.contains("10000 characters"), "{m}");
+        let m = err(&format!(r#"{{"texts": ["a"], "encoding": "{name}"}}"#));
+        assert!(m.len() < 300, "{m}");
     }
 
     #[test]

@@ -10,14 +10,37 @@ pub enum ActivityError {
     /// the limit and the fix.
     #[error("{0}")]
     InvalidInput(String),
-    /// The request names a model this worker does not serve. Not retryable.
-    #[error("unknown model {name:?}: this worker serves {known:?}; pass one of those as \"model\" or omit it for the default")]
+    /// The request names a model this worker does not serve, on a queue only this worker
+    /// polls (its private queue), so no other worker could serve it. Not retryable.
+    #[error("unknown model {name}: this worker serves {known:?}; pass one of those as \"model\" or omit it for the default")]
     UnknownModel {
-        /// The requested name.
+        /// The requested name, quoted and cut to a short prefix.
         name: String,
         /// The names this worker serves.
         known: Vec<String>,
     },
+    /// The request, on a shared queue (`gpu-tools`, `cpu-tools`), names a well-formed
+    /// model this worker does not serve. Retryable: another worker polling the same queue
+    /// may serve it, and the retry may reach that worker. [`ActivityError::retry_delay`]
+    /// spaces the attempts out.
+    #[error("model {name} is not served by this worker (it serves {known:?}), but another worker on {queue} may serve it, so Temporal retries the task; to reach only workers that serve it, schedule it on {model_queue:?}")]
+    ModelNotServed {
+        /// The requested name, quoted and cut to a short prefix.
+        name: String,
+        /// The names this worker serves.
+        known: Vec<String>,
+        /// The shared queue the task came on.
+        queue: String,
+        /// The model queue that reaches only workers serving the model.
+        model_queue: String,
+    },
+    /// The activity panicked: a bug in gpulane. Retryable; the worker keeps serving.
+    #[error("internal error (a bug in gpulane, please report it): {0}")]
+    Internal(String),
+    /// The worker stopped before the activity finished (the drain deadline passed).
+    /// Retryable: another worker takes the task at once.
+    #[error("the worker stopped before this activity finished ({0}); Temporal retries it on another worker")]
+    WorkerShutdown(String),
     /// The result would be over Temporal's payload limit. Not retryable: the same call
     /// gives the same size.
     #[error("the result is {size} bytes of JSON, over the limit of {limit} (Temporal refuses larger payloads): {fix}")]
@@ -30,9 +53,9 @@ pub enum ActivityError {
         fix: &'static str,
     },
     /// The activity type is not one gpulane serves. Not retryable.
-    #[error("unknown activity type {name:?}: gpulane serves {known:?}")]
+    #[error("unknown activity type {name}: gpulane serves {known:?}")]
     UnknownActivity {
-        /// The requested type.
+        /// The requested type, quoted and cut to a short prefix.
         name: String,
         /// The types gpulane serves.
         known: Vec<&'static str>,
@@ -56,7 +79,26 @@ impl ActivityError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ActivityError::Model(e) => e.is_retryable(),
-            _ => false,
+            ActivityError::ModelNotServed { .. }
+            | ActivityError::Internal(_)
+            | ActivityError::WorkerShutdown(_) => true,
+            ActivityError::InvalidInput(_)
+            | ActivityError::UnknownModel { .. }
+            | ActivityError::ResultTooLarge { .. }
+            | ActivityError::UnknownActivity { .. } => false,
+        }
+    }
+
+    /// How long Temporal should wait before the next attempt, where the error asks for a
+    /// delay of its own: a model not served here waits longer with each attempt (1 s per
+    /// attempt, at most a minute), so a task on a shared queue whose model no worker
+    /// serves (a typo) does not spin. `None` leaves the workflow's retry policy in charge.
+    pub fn retry_delay(&self, attempt: u32) -> Option<std::time::Duration> {
+        match self {
+            ActivityError::ModelNotServed { .. } => Some(std::time::Duration::from_secs(
+                u64::from(attempt.clamp(1, 60)),
+            )),
+            _ => None,
         }
     }
 
@@ -70,6 +112,9 @@ impl ActivityError {
         match self {
             ActivityError::InvalidInput(_) => failure::INVALID_INPUT,
             ActivityError::UnknownModel { .. } => failure::UNKNOWN_MODEL,
+            ActivityError::ModelNotServed { .. } => failure::MODEL_NOT_SERVED,
+            ActivityError::Internal(_) => failure::INTERNAL_ERROR,
+            ActivityError::WorkerShutdown(_) => failure::WORKER_SHUTDOWN,
             ActivityError::UnknownActivity { .. } => failure::UNKNOWN_ACTIVITY,
             ActivityError::ResultTooLarge { .. } => failure::RESULT_TOO_LARGE,
             ActivityError::Model(ModelError::TextTooLong { .. }) => failure::TEXT_TOO_LONG,

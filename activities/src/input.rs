@@ -20,6 +20,22 @@ pub(crate) fn invalid(msg: String) -> ActivityError {
     ActivityError::InvalidInput(msg)
 }
 
+/// How many characters of a caller's string a failure message repeats.
+const SHOWN_CHARS: usize = 64;
+
+/// A caller's string as failure messages show it: quoted and escaped, and cut to its
+/// first [`SHOWN_CHARS`] characters with the full length noted, so a message never grows
+/// with what a workflow sends (a 2 MB model name, an unknown field with a newline).
+pub(crate) fn quote(s: &str) -> String {
+    let n = s.chars().count();
+    if n <= SHOWN_CHARS {
+        format!("{s:?}")
+    } else {
+        let head: String = s.chars().take(SHOWN_CHARS).collect();
+        format!("{head:?}... ({n} characters)")
+    }
+}
+
 pub(crate) fn opt_bool(
     obj: &Map<String, Value>,
     field: &str,
@@ -53,7 +69,8 @@ pub(crate) fn object(
     };
     if let Some(unknown) = obj.keys().find(|k| !fields.contains(&k.as_str())) {
         return Err(invalid(format!(
-            "unknown field \"{unknown}\"; this activity takes {fields:?}"
+            "unknown field {}; this activity takes {fields:?}",
+            quote(unknown)
         )));
     }
     Ok(obj)
@@ -147,4 +164,19 @@ pub(crate) fn strings(
         )));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_strings_are_escaped_and_cut() {
+        assert_eq!(quote("ab"), "\"ab\"");
+        assert_eq!(quote("a\nb\""), "\"a\\nb\\\"\"");
+        let long = "x".repeat(2_000_000);
+        let q = quote(&long);
+        assert!(q.len() < 100, "{q}");
+        assert!(q.ends_with("(2000000 characters)"), "{q}");
+    }
 }

@@ -14,5 +14,5 @@ mod service;
 pub use crate::{
     error::ActivityError,
     limits::Limits,
-    service::{DeviceActivities, ModelSet},
+    service::{DeviceActivities, ModelSet, Ran, Route},
 };

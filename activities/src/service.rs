@@ -3,11 +3,54 @@ use std::sync::Arc;
 use base64::Engine as _;
 use gpulane_models::{EmbedOptions, Engine, ModelKind, Progress};
 use gpulane_proto::{
-    activity, DeviceInfo, EmbedRequest, EmbedResponse, EmbeddingsOut, RerankRequest,
-    RerankResponse, RerankResult, Usage,
+    activity, model_queue, valid_model_name, DeviceInfo, EmbedRequest, EmbedResponse,
+    EmbeddingsOut, RerankRequest, RerankResponse, RerankResult, Usage, MODEL_NAME_MAX,
 };
 
-use crate::{embed::parse_embed, rerank::parse_rerank, ActivityError, Limits};
+use crate::{
+    embed::parse_embed,
+    input::{invalid, quote},
+    rerank::parse_rerank,
+    ActivityError, Limits,
+};
+
+/// With fault hooks on (the runtime's hidden `--test-faults`), an `embed` whose first text
+/// is this kills the model's engine thread, as a bug in a forward pass would.
+const FAULT_ENGINE_PANIC: &str = "gpulane-test-fault:engine-panic";
+/// With fault hooks on, an `embed` whose first text is this panics inside the activity.
+const FAULT_ACTIVITY_PANIC: &str = "gpulane-test-fault:activity-panic";
+
+/// The kind of queue a task came on, which decides what a model this worker lacks means.
+/// The queue name is the capability contract: every worker polling a queue must be able
+/// to serve what arrives there, or must hand it back for another worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// A shared lane (`gpu-tools`, `cpu-tools`), named here. Workers with other models
+    /// may poll it, so a model this worker lacks is handed back, retryably
+    /// ([`ActivityError::ModelNotServed`]).
+    Shared(String),
+    /// A model queue (`gpu-tools@<model>`): only workers serving the model poll it, and a
+    /// task there uses that model.
+    Model {
+        /// The queue.
+        queue: String,
+        /// The model it serves.
+        model: String,
+    },
+    /// A device's private queue: only this worker polls it, so a model it lacks fails
+    /// for good ([`ActivityError::UnknownModel`]).
+    Private,
+}
+
+/// What one activity did: the model it used (known once the input named one this worker
+/// serves, for metrics) and its JSON result or error.
+#[derive(Debug)]
+pub struct Ran {
+    /// The served model's name, when the activity got that far.
+    pub model: Option<String>,
+    /// The JSON result, or why it failed.
+    pub result: Result<Vec<u8>, ActivityError>,
+}
 
 /// Which kind of model an activity needs.
 #[derive(Clone, Copy)]
@@ -55,8 +98,9 @@ impl ModelSet {
         self.engines.iter().map(|e| e.name().to_owned()).collect()
     }
 
-    /// The engine for `name`, or the first of the needed kind when `name` is absent.
-    fn get(&self, name: Option<&str>, need: Need) -> Result<&Engine, ActivityError> {
+    /// The engine for `name`, or the default of the needed kind when `name` is absent,
+    /// judged by the queue the task came on (see [`Route`]).
+    fn get(&self, name: Option<&str>, need: Need, route: &Route) -> Result<&Engine, ActivityError> {
         let of_kind = || -> Vec<String> {
             self.engines
                 .iter()
@@ -64,28 +108,57 @@ impl ModelSet {
                 .map(|e| e.name().to_owned())
                 .collect()
         };
-        match name {
-            None => self
-                .engines
-                .iter()
-                .find(|e| need.fits(e.kind()))
-                .ok_or_else(|| ActivityError::UnknownModel {
-                    name: format!("<default {}>", need.label()),
-                    known: self.names(),
-                }),
-            Some(n) => match self.engines.iter().find(|e| e.name() == n) {
-                Some(e) if need.fits(e.kind()) => Ok(e),
-                Some(e) => Err(ActivityError::InvalidInput(format!(
-                    "field \"model\": {n:?} is a {}, this activity needs a {}: pass one of {:?}",
-                    e.kind().label(),
-                    need.label(),
-                    of_kind()
-                ))),
-                None => Err(ActivityError::UnknownModel {
-                    name: n.to_owned(),
-                    known: self.names(),
-                }),
+        // A model this worker lacks: handed back on a shared queue, final elsewhere.
+        let missing = |shown: String, named: Option<&str>| match route {
+            Route::Shared(queue) => ActivityError::ModelNotServed {
+                name: shown,
+                known: self.names(),
+                queue: queue.clone(),
+                model_queue: named.map_or_else(
+                    || format!("{queue}@<model>"),
+                    |n| model_queue(queue, n),
+                ),
             },
+            Route::Model { .. } | Route::Private => ActivityError::UnknownModel {
+                name: shown,
+                known: self.names(),
+            },
+        };
+        let wanted = match (name, route) {
+            (Some(n), _) if !valid_model_name(n) => {
+                return Err(invalid(format!(
+                    "field \"model\" is {}, which is not a model name (1 to {MODEL_NAME_MAX} \
+                     ASCII letters, digits, '-', '_' or '.'); pass a served model's name or omit it",
+                    quote(n)
+                )))
+            }
+            (Some(n), Route::Model { model, queue }) if n != model => {
+                return Err(invalid(format!(
+                    "field \"model\" is {} but the task came on {queue:?}, the queue of model \
+                     {model:?}: omit \"model\" there, or schedule the task on the queue of the \
+                     model you want",
+                    quote(n)
+                )))
+            }
+            (Some(n), _) => n,
+            (None, Route::Model { model, .. }) => model.as_str(),
+            (None, _) => {
+                return self
+                    .engines
+                    .iter()
+                    .find(|e| need.fits(e.kind()))
+                    .ok_or_else(|| missing(format!("<the default {}>", need.label()), None))
+            }
+        };
+        match self.engines.iter().find(|e| e.name() == wanted) {
+            Some(e) if need.fits(e.kind()) => Ok(e),
+            Some(e) => Err(invalid(format!(
+                "field \"model\": {wanted:?} is a {}, this activity needs a {}: pass one of {:?}",
+                e.kind().label(),
+                need.label(),
+                of_kind()
+            ))),
+            None => Err(missing(quote(wanted), Some(wanted))),
         }
     }
 }
@@ -102,6 +175,7 @@ struct Inner {
     device: DeviceInfo,
     host_task_queue: String,
     limits: Limits,
+    fault_hooks: bool,
 }
 
 impl DeviceActivities {
@@ -119,8 +193,18 @@ impl DeviceActivities {
                 device,
                 host_task_queue,
                 limits,
+                fault_hooks: false,
             }),
         }
+    }
+
+    /// Honours the test-only fault texts (an engine or activity panic on purpose), for
+    /// supervision tests; never in service.
+    pub fn with_fault_hooks(mut self, on: bool) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("fault hooks are set before the activities are shared; this is a bug")
+            .fault_hooks = on;
+        self
     }
 
     /// The activity types served.
@@ -138,34 +222,98 @@ impl DeviceActivities {
         &self.inner.device
     }
 
-    /// Runs `activity_type` on a JSON `input` and returns the JSON output. `progress`
-    /// counts the texts (or documents) done, for heartbeats.
+    /// Runs `activity_type` on a JSON `input` that came on a queue of kind `route`, and
+    /// returns the JSON output. `progress` counts the texts (or documents) done, for
+    /// heartbeats.
     pub async fn run(
         &self,
         activity_type: &str,
         input: &[u8],
+        route: &Route,
         progress: &Progress,
-    ) -> Result<Vec<u8>, ActivityError> {
-        match activity_type {
-            activity::EMBED => {
-                let req = parse_embed(input, &self.inner.limits)?;
-                let out = self.embed(req, progress).await?;
-                let json =
-                    serde_json::to_vec(&out).expect("embed response serializes; this is a bug");
-                self.check_size(json, "send fewer texts per call, ask for \"encoding\": \"base64\" (about 3x smaller), or fewer \"dimensions\"")
-            }
-            activity::RERANK => {
-                let req = parse_rerank(input, &self.inner.limits)?;
-                let out = self.rerank(req, progress).await?;
-                let json =
-                    serde_json::to_vec(&out).expect("rerank response serializes; this is a bug");
-                self.check_size(json, "send fewer documents per call, set \"top_n\", or leave \"return_documents\" off")
-            }
-            other => Err(ActivityError::UnknownActivity {
-                name: other.to_owned(),
-                known: Self::activity_types(),
-            }),
+    ) -> Ran {
+        let limits = &self.inner.limits;
+        let (engine, result) = match activity_type {
+            activity::EMBED => match parse_embed(input, limits).and_then(|req| {
+                let engine = self
+                    .inner
+                    .models
+                    .get(req.model.as_deref(), Need::Embedder, route)?;
+                Ok((req, engine))
+            }) {
+                Err(e) => (None, Err(e)),
+                Ok((req, engine)) => (
+                    Some(engine),
+                    self.embed_on(engine, req, progress)
+                        .await
+                        .and_then(|out| {
+                            let json = serde_json::to_vec(&out)
+                                .expect("embed response serializes; this is a bug");
+                            self.check_size(json, "send fewer texts per call, ask for \"encoding\": \"base64\" (about 3x smaller), or fewer \"dimensions\"")
+                        }),
+                ),
+            },
+            activity::RERANK => match parse_rerank(input, limits).and_then(|req| {
+                let engine =
+                    self.inner
+                        .models
+                        .get(req.model.as_deref(), Need::CrossEncoder, route)?;
+                Ok((req, engine))
+            }) {
+                Err(e) => (None, Err(e)),
+                Ok((req, engine)) => (
+                    Some(engine),
+                    self.rerank_on(engine, req, progress)
+                        .await
+                        .and_then(|out| {
+                            let json = serde_json::to_vec(&out)
+                                .expect("rerank response serializes; this is a bug");
+                            self.check_size(json, "send fewer documents per call, set \"top_n\", or leave \"return_documents\" off")
+                        }),
+                ),
+            },
+            other => (
+                None,
+                Err(ActivityError::UnknownActivity {
+                    name: quote(other),
+                    known: Self::activity_types(),
+                }),
+            ),
+        };
+        Ran {
+            model: engine.map(|e| e.name().to_owned()),
+            result,
         }
+    }
+
+    /// The prompt goes before every text, so it counts against the per-text limit with
+    /// each text and against the per-call limit once per text: a long prompt times many
+    /// texts must not make the strings the limits exist to bound.
+    fn check_prompted(&self, prompt: &str, texts: &[String]) -> Result<(), ActivityError> {
+        let limits = &self.inner.limits;
+        let p = prompt.chars().count();
+        let mut total = 0usize;
+        for (i, t) in texts.iter().enumerate() {
+            let n = p + t.chars().count();
+            if n > limits.max_text_chars {
+                return Err(invalid(format!(
+                    "texts[{i}] with its prompt has {n} characters ({p} of prompt), over the \
+                     limit of {} per text: shorten the prompt or the text",
+                    limits.max_text_chars
+                )));
+            }
+            total += n;
+        }
+        if total > limits.max_total_chars {
+            return Err(invalid(format!(
+                "the texts with the prompt before each have {total} characters in all ({p} of \
+                 prompt times {} texts), over the limit of {} per call: shorten the prompt or \
+                 send fewer texts per call",
+                texts.len(),
+                limits.max_total_chars
+            )));
+        }
+        Ok(())
     }
 
     fn check_size(&self, json: Vec<u8>, fix: &'static str) -> Result<Vec<u8>, ActivityError> {
@@ -180,16 +328,13 @@ impl DeviceActivities {
         Ok(json)
     }
 
-    /// The `embed` activity on an already-validated request.
-    pub async fn embed(
+    /// The `embed` activity on an already-validated request and its chosen embedder.
+    async fn embed_on(
         &self,
+        engine: &Engine,
         req: EmbedRequest,
         progress: &Progress,
     ) -> Result<EmbedResponse, ActivityError> {
-        let engine = self
-            .inner
-            .models
-            .get(req.model.as_deref(), Need::Embedder)?;
         let ModelKind::Embedder(info) = engine.kind() else {
             unreachable!("get() returned a non-embedder for Need::Embedder; this is a bug")
         };
@@ -207,12 +352,28 @@ impl DeviceActivities {
             (Some(p), _) => Some(p.clone()),
             (None, Some(name)) => Some(info.prompts.get(name).cloned().ok_or_else(|| {
                 ActivityError::InvalidInput(format!(
-                    "field \"prompt_name\" is {name:?}; this model's prompts are {:?} (config_sentence_transformers.json); or pass \"prompt\" text",
+                    "field \"prompt_name\" is {}; this model's prompts are {:?} (config_sentence_transformers.json); or pass \"prompt\" text",
+                    quote(name),
                     info.prompts.keys().collect::<Vec<_>>()
                 ))
             })?),
             (None, None) => None,
         };
+        if let Some(p) = &prefix {
+            self.check_prompted(p, &req.texts)?;
+        }
+        if self.inner.fault_hooks {
+            match req.texts.first().map(String::as_str) {
+                Some(FAULT_ENGINE_PANIC) => {
+                    tracing::warn!(model = engine.name(), "test fault hook: killing the engine thread");
+                    engine.inject_panic();
+                }
+                Some(FAULT_ACTIVITY_PANIC) => {
+                    panic!("activity fault injected by the test hook {FAULT_ACTIVITY_PANIC:?}")
+                }
+                _ => {}
+            }
+        }
         let texts = match prefix {
             Some(p) => req.texts.into_iter().map(|t| format!("{p}{t}")).collect(),
             None => req.texts,
@@ -259,17 +420,14 @@ impl DeviceActivities {
         })
     }
 
-    /// The `rerank` activity on an already-validated request: results sorted by score,
-    /// highest first, cut to `top_n`.
-    pub async fn rerank(
+    /// The `rerank` activity on an already-validated request and its chosen
+    /// cross-encoder: results sorted by score, highest first, cut to `top_n`.
+    async fn rerank_on(
         &self,
+        engine: &Engine,
         req: RerankRequest,
         progress: &Progress,
     ) -> Result<RerankResponse, ActivityError> {
-        let engine = self
-            .inner
-            .models
-            .get(req.model.as_deref(), Need::CrossEncoder)?;
         let raw = req.raw_scores.unwrap_or(false);
         let with_docs = req.return_documents.unwrap_or(false);
         // Keep the texts only when the caller wants them back.

@@ -99,6 +99,20 @@ pub(crate) struct Request {
     pub(crate) progress: Progress,
     pub(crate) span: tracing::Span,
     pub(crate) arrived: Instant,
+    /// A health check's call: computed like any other, but not counted in metrics, so
+    /// the probes do not show up as traffic.
+    pub(crate) probe: bool,
+}
+
+/// Told about each forward pass and each round's start, on the engine thread, so the
+/// runtime can keep metrics (rows per batch, time queued) without this crate knowing how
+/// they are exported. Implementations must be quick: they run between batches.
+pub trait BatchObserver: Send + Sync {
+    /// A forward pass of `rows` rows and `tokens` real tokens took `took` (also for failed
+    /// passes).
+    fn batch(&self, rows: usize, tokens: usize, took: Duration);
+    /// A call waited `waited` in the engine's queue before its round began.
+    fn queued(&self, waited: Duration);
 }
 
 /// Running totals of an engine's forward passes, for metrics: written by the engine
@@ -124,16 +138,19 @@ pub struct BatchTotals {
     pub seconds: f64,
 }
 
-impl BatchCounters {
-    fn record(&self, batch: &[&Row], took: Duration) {
+impl BatchObserver for BatchCounters {
+    fn batch(&self, rows: usize, tokens: usize, took: Duration) {
         self.batches.fetch_add(1, Ordering::Relaxed);
-        self.rows.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let tokens: usize = batch.iter().map(|r| r.len()).sum();
+        self.rows.fetch_add(rows as u64, Ordering::Relaxed);
         self.tokens.fetch_add(tokens as u64, Ordering::Relaxed);
         self.nanos
             .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    fn queued(&self, _waited: Duration) {}
+}
+
+impl BatchCounters {
     /// The totals so far.
     pub fn totals(&self) -> BatchTotals {
         BatchTotals {
@@ -145,17 +162,17 @@ impl BatchCounters {
     }
 }
 
-/// Serves `queue` until every sender is gone, counting batches into `counters`.
+/// Serves `queue` until every sender is gone, telling `observer` about every batch.
 /// Blocking: runs on the engine's own thread.
 pub(crate) fn serve(
     model: &dyn Forward,
     limits: BatchLimits,
     queue: Receiver<Request>,
-    counters: &BatchCounters,
+    observer: &dyn BatchObserver,
 ) {
     while let Ok(first) = queue.recv() {
         let round = gather(first, &queue, &limits);
-        run_round(model, &limits, round, counters);
+        run_round(model, &limits, round, observer);
     }
 }
 
@@ -201,6 +218,7 @@ struct Open {
     reply: Option<Reply>,
     progress: Progress,
     span: tracing::Span,
+    probe: bool,
 }
 
 impl Open {
@@ -214,11 +232,15 @@ fn run_round(
     model: &dyn Forward,
     limits: &BatchLimits,
     round: Vec<Request>,
-    counters: &BatchCounters,
+    observer: &dyn BatchObserver,
 ) {
     let mut rows = Vec::new();
     let mut open = Vec::with_capacity(round.len());
+    let began = Instant::now();
     for (call, req) in round.into_iter().enumerate() {
+        if !req.probe {
+            observer.queued(began.saturating_duration_since(req.arrived));
+        }
         let n = req.rows.len();
         rows.extend(
             req.rows
@@ -232,6 +254,7 @@ fn run_round(
             reply: Some(req.reply),
             progress: req.progress,
             span: req.span,
+            probe: req.probe,
         };
         if n == 0 {
             if let Some(reply) = o.reply.take() {
@@ -269,7 +292,14 @@ fn run_round(
         let began = Instant::now();
         let result = model.forward(&inputs).map_err(ModelError::classify);
         let took = began.elapsed();
-        counters.record(&inputs, took);
+        let counted: Vec<usize> = batch
+            .iter()
+            .filter(|&&i| !open[rows[i].0].probe)
+            .map(|&i| rows[i].2.len())
+            .collect();
+        if !counted.is_empty() {
+            observer.batch(counted.len(), counted.iter().sum(), took);
+        }
         if tracing::enabled!(tracing::Level::DEBUG) {
             // Distinct calls in the batch: counted only for the log.
             let mut calls: Vec<usize> = batch.iter().map(|&i| rows[i].0).collect();
@@ -332,6 +362,7 @@ pub(crate) fn run_now(
         progress: Progress::default(),
         span: tracing::Span::current(),
         arrived: Instant::now(),
+        probe: false,
     };
     run_round(model, limits, vec![req], &BatchCounters::default());
     rx.try_recv()
@@ -396,6 +427,7 @@ mod tests {
             progress: Progress::default(),
             span: tracing::Span::none(),
             arrived: Instant::now(),
+            probe: false,
         };
         (req, rx)
     }

@@ -1,15 +1,19 @@
 use std::{
+    fmt,
     path::Path,
-    sync::{mpsc, Arc},
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        mpsc, Arc,
+    },
     thread,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use candle_core::{DType, Device};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::{
-    batcher::{self, BatchCounters, Forward, Progress, Request, Row},
+    batcher::{self, BatchCounters, BatchObserver, Forward, Progress, Request, Row},
     st_dir::{read_json, MAX_BATCH_ROWS},
     CrossEncoder, CrossEncoderInfo, EmbedOptions, Embedder, Embeddings, ModelError, ModelInfo,
     Scores,
@@ -25,7 +29,7 @@ pub enum EngineDevice {
 }
 
 /// How an engine loads its model.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct EngineOptions {
     /// Weights and activations dtype (f32 on CPU; f16 / bf16 on CUDA).
     pub dtype: DType,
@@ -35,7 +39,12 @@ pub struct EngineOptions {
     pub batch_rows: Option<usize>,
     /// How long the engine waits for more activities to fill a batch once one is queued;
     /// zero runs each arrival as soon as the model is free.
-    pub batch_wait: std::time::Duration,
+    pub batch_wait: Duration,
+    /// Told about every forward pass and queue wait (the runtime's metrics), besides the
+    /// engine's own [`BatchCounters`].
+    pub observer: Option<Arc<dyn BatchObserver>>,
+    /// Honour [`Engine::inject_panic`]: for tests of supervision only, never in service.
+    pub fault_hooks: bool,
 }
 
 impl Default for EngineOptions {
@@ -44,8 +53,76 @@ impl Default for EngineOptions {
             dtype: DType::F32,
             batch_tokens: None,
             batch_rows: None,
-            batch_wait: std::time::Duration::from_millis(2),
+            batch_wait: Duration::from_millis(2),
+            observer: None,
+            fault_hooks: false,
         }
+    }
+}
+
+impl fmt::Debug for EngineOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineOptions")
+            .field("dtype", &self.dtype)
+            .field("batch_tokens", &self.batch_tokens)
+            .field("batch_rows", &self.batch_rows)
+            .field("batch_wait", &self.batch_wait)
+            .field("observer", &self.observer.is_some())
+            .field("fault_hooks", &self.fault_hooks)
+            .finish()
+    }
+}
+
+/// The engine's own counters and the runtime's observer, both told of every batch.
+struct Observers {
+    counters: Arc<BatchCounters>,
+    extra: Option<Arc<dyn BatchObserver>>,
+}
+
+impl BatchObserver for Observers {
+    fn batch(&self, rows: usize, tokens: usize, took: Duration) {
+        self.counters.batch(rows, tokens, took);
+        if let Some(o) = &self.extra {
+            o.batch(rows, tokens, took);
+        }
+    }
+
+    fn queued(&self, waited: Duration) {
+        if let Some(o) = &self.extra {
+            o.queued(waited);
+        }
+    }
+}
+
+/// The model as the engine thread drives it, with the test-only fault hook in front.
+struct Driven {
+    model: Arc<Loaded>,
+    panic_next: Arc<AtomicBool>,
+}
+
+impl Forward for Driven {
+    fn forward(&self, rows: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
+        if self.panic_next.swap(false, Ordering::Relaxed) {
+            panic!("engine fault injected by Engine::inject_panic (a supervision test hook)");
+        }
+        self.model.forward(rows)
+    }
+}
+
+/// Whether an engine's thread still runs, without keeping the engine alive: supervisors
+/// hold this, not the [`Engine`], so that dropping every engine still ends its thread.
+#[derive(Clone)]
+pub struct EngineLife(watch::Receiver<()>);
+
+impl EngineLife {
+    /// False once the thread has ended (it panicked, or every engine handle was dropped).
+    pub fn is_alive(&self) -> bool {
+        self.0.has_changed().is_ok()
+    }
+
+    /// Resolves when the thread ends.
+    pub async fn ended(mut self) {
+        while self.0.changed().await.is_ok() {}
     }
 }
 
@@ -111,6 +188,20 @@ pub struct Engine {
     model: Arc<Loaded>,
     queue: mpsc::Sender<Request>,
     counters: Arc<BatchCounters>,
+    life: EngineLife,
+    pending: Arc<AtomicUsize>,
+    panic_next: Arc<AtomicBool>,
+    fault_hooks: bool,
+}
+
+/// Takes a call's rows off the engine's pending count when the call ends, however it
+/// ends (answered, failed, or abandoned by a dropped future).
+struct PendingRows(Arc<AtomicUsize>, usize);
+
+impl Drop for PendingRows {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
+    }
 }
 
 /// A cross-encoder's config.json names a `*ForSequenceClassification` architecture;
@@ -156,12 +247,25 @@ impl Engine {
         let model = Arc::new(model);
         // Unbounded: the runtime's slots bound how many calls can be waiting.
         let (tx, rx) = mpsc::channel::<Request>();
-        let on_thread = model.clone();
+        let panic_next = Arc::new(AtomicBool::new(false));
+        let driven = Driven {
+            model: model.clone(),
+            panic_next: panic_next.clone(),
+        };
         let counters = Arc::new(BatchCounters::default());
-        let thread_counters = counters.clone();
+        let observers = Observers {
+            counters: counters.clone(),
+            extra: opts.observer.clone(),
+        };
+        // The thread owns the sender; when the thread ends, by a panic too, it drops and
+        // every EngineLife sees it.
+        let (alive, life) = watch::channel(());
         thread::Builder::new()
             .name(format!("engine-{name}"))
-            .spawn(move || batcher::serve(&*on_thread, limits, rx, &thread_counters))
+            .spawn(move || {
+                let _alive = alive;
+                batcher::serve(&driven, limits, rx, &observers)
+            })
             .map_err(ModelError::Spawn)?;
         Ok(Self {
             name: name.into(),
@@ -169,7 +273,52 @@ impl Engine {
             model,
             queue: tx,
             counters,
+            life: EngineLife(life),
+            pending: Arc::default(),
+            panic_next,
+            fault_hooks: opts.fault_hooks,
         })
+    }
+
+    /// Watches the engine's thread without keeping the engine alive.
+    pub fn life(&self) -> EngineLife {
+        self.life.clone()
+    }
+
+    /// Rows of calls waiting for or in the engine now.
+    pub fn pending_rows(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Makes the engine thread panic at its next forward pass, if the engine was started
+    /// with `fault_hooks`; returns whether it will. Supervision tests use it to kill an
+    /// engine the way a bug would.
+    pub fn inject_panic(&self) -> bool {
+        if self.fault_hooks {
+            self.panic_next.store(true, Ordering::Relaxed);
+        }
+        self.fault_hooks
+    }
+
+    /// A tiny forward pass (one short text, or one pair), as health checks run it; it is
+    /// not counted in the engine's batch metrics.
+    pub async fn probe(&self) -> Result<(), ModelError> {
+        let progress = Progress::default();
+        match &*self.model {
+            Loaded::Embedder(_) => self
+                .embed_call(
+                    vec!["ok".to_owned()],
+                    EmbedOptions::default(),
+                    &progress,
+                    true,
+                )
+                .await
+                .map(drop),
+            Loaded::CrossEncoder(_) => self
+                .score_call("ok".to_owned(), vec!["ok".to_owned()], &progress, true)
+                .await
+                .map(drop),
+        }
     }
 
     /// The name this engine's model is served under.
@@ -194,12 +343,15 @@ impl Engine {
         &self,
         encode: impl FnOnce(&Loaded) -> Result<Vec<Row>, ModelError> + Send + 'static,
         progress: &Progress,
+        probe: bool,
     ) -> Result<(Vec<Vec<f32>>, Vec<usize>), ModelError> {
         let model = self.model.clone();
         let rows = tokio::task::spawn_blocking(move || encode(&model))
             .await
             .map_err(|e| ModelError::Tokenizer(format!("tokenizing panicked: {e}")))??;
         let token_counts = rows.iter().map(Row::len).collect();
+        self.pending.fetch_add(rows.len(), Ordering::Relaxed);
+        let _pending = PendingRows(self.pending.clone(), rows.len());
         let (reply, rx) = oneshot::channel();
         let request = Request {
             rows,
@@ -207,6 +359,7 @@ impl Engine {
             progress: progress.clone(),
             span: tracing::Span::current(),
             arrived: Instant::now(),
+            probe,
         };
         self.queue
             .send(request)
@@ -223,6 +376,16 @@ impl Engine {
         opts: EmbedOptions,
         progress: &Progress,
     ) -> Result<Embeddings, ModelError> {
+        self.embed_call(texts, opts, progress, false).await
+    }
+
+    async fn embed_call(
+        &self,
+        texts: Vec<String>,
+        opts: EmbedOptions,
+        progress: &Progress,
+        probe: bool,
+    ) -> Result<Embeddings, ModelError> {
         if !matches!(*self.model, Loaded::Embedder(_)) {
             return Err(ModelError::WrongKind("a cross-encoder cannot embed"));
         }
@@ -233,6 +396,7 @@ impl Engine {
                     Loaded::CrossEncoder(_) => unreachable!("checked above"),
                 },
                 progress,
+                probe,
             )
             .await?;
         match &*self.model {
@@ -249,6 +413,16 @@ impl Engine {
         documents: Vec<String>,
         progress: &Progress,
     ) -> Result<Scores, ModelError> {
+        self.score_call(query, documents, progress, false).await
+    }
+
+    async fn score_call(
+        &self,
+        query: String,
+        documents: Vec<String>,
+        progress: &Progress,
+        probe: bool,
+    ) -> Result<Scores, ModelError> {
         if !matches!(*self.model, Loaded::CrossEncoder(_)) {
             return Err(ModelError::WrongKind("an embedder cannot rerank"));
         }
@@ -259,6 +433,7 @@ impl Engine {
                     Loaded::Embedder(_) => unreachable!("checked above"),
                 },
                 progress,
+                probe,
             )
             .await?;
         Ok(Scores::from_rows(rows, counts))

@@ -18,10 +18,10 @@ mod pooling;
 mod st_dir;
 
 pub use crate::{
-    batcher::{BatchCounters, BatchTotals, Progress},
+    batcher::{BatchCounters, BatchObserver, BatchTotals, Progress},
     cross_encoder::{CrossEncoder, CrossEncoderInfo, Scores},
     embedder::{EmbedOptions, Embedder, Embeddings},
-    engine::{Engine, EngineDevice, EngineOptions, ModelKind},
+    engine::{Engine, EngineDevice, EngineLife, EngineOptions, ModelKind},
     error::ModelError,
     pooling::Pooling,
     st_dir::{ModelInfo, SentenceTransformerDir},

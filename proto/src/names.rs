@@ -7,6 +7,10 @@ pub const GPU_TOOLS: &str = "gpu-tools";
 pub const CPU_TOOLS: &str = "cpu-tools";
 /// Separates the parts of a private (host- or card-specific) queue name.
 pub const QUEUE_PREFIX_SEPARATOR: char = '.';
+/// Separates a shared lane from a model in a model queue: `gpu-tools@e5-small`.
+pub const MODEL_QUEUE_SEPARATOR: char = '@';
+/// The longest model name, in characters.
+pub const MODEL_NAME_MAX: usize = 64;
 
 /// Activity type names, as registered with Temporal.
 pub mod activity {
@@ -35,6 +39,17 @@ pub mod failure {
     pub const GPU_OUT_OF_MEMORY: &str = "GpuOutOfMemory";
     /// The model failed on the device. Retried by Temporal's policy.
     pub const MODEL_FAILURE: &str = "ModelFailure";
+    /// A task on a shared queue (`gpu-tools`, `cpu-tools`) names a well-formed model this
+    /// worker does not serve. Retried, with a growing delay, so that another worker on the
+    /// same queue can serve it: the shared queues may be polled by workers with different
+    /// models. Route by model queue (`gpu-tools@<model>`) to reach only workers that serve
+    /// the model.
+    pub const MODEL_NOT_SERVED: &str = "ModelNotServed";
+    /// The worker stopped (drain deadline) before the activity finished. Retried, so
+    /// another worker takes it at once.
+    pub const WORKER_SHUTDOWN: &str = "WorkerShutdown";
+    /// A bug in gpulane (a panic) ended the activity. Retried; the worker keeps serving.
+    pub const INTERNAL_ERROR: &str = "InternalError";
 }
 
 /// Makes a host name safe and stable inside a queue name: lower case, and anything but
@@ -69,6 +84,23 @@ pub fn gpu_card_queue(host: &str, gpu_uuid: &str) -> String {
     )
 }
 
+/// Whether `name` may name a model: 1 to [`MODEL_NAME_MAX`] characters of ASCII letters,
+/// digits, `-`, `_` and `.`, so that it can stand in a queue name and a metric label.
+pub fn valid_model_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MODEL_NAME_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// The queue only workers serving `model` poll, on a shared lane: `gpu-tools@<model>` or
+/// `cpu-tools@<model>`. The queue name is the capability: a task there always finds a
+/// worker that has the model.
+pub fn model_queue(shared: &str, model: &str) -> String {
+    format!("{shared}{MODEL_QUEUE_SEPARATOR}{model}")
+}
+
 /// The private CPU queue of one host: `cpu-tools.<host>`.
 pub fn cpu_host_queue(host: &str) -> String {
     format!("{CPU_TOOLS}{QUEUE_PREFIX_SEPARATOR}{}", sanitize_host(host))
@@ -91,6 +123,23 @@ mod tests {
         assert_eq!(sanitize_host("GPU-Box.example.com"), "gpu-box-example-com");
         assert_eq!(cpu_host_queue("a.b"), "cpu-tools.a-b");
         assert_eq!(sanitize_host("  "), "unknown-host");
+    }
+
+    #[test]
+    fn model_queues_name_the_lane_and_the_model() {
+        assert_eq!(model_queue(GPU_TOOLS, "e5-small"), "gpu-tools@e5-small");
+        assert_eq!(model_queue(CPU_TOOLS, "bge.v1"), "cpu-tools@bge.v1");
+    }
+
+    #[test]
+    fn model_names_fit_queue_names_and_labels() {
+        for ok in ["all-MiniLM-L6-v2", "e5_small", "bge.v1.5", "m"] {
+            assert!(valid_model_name(ok), "{ok}");
+        }
+        let long = "m".repeat(MODEL_NAME_MAX + 1);
+        for bad in ["", "a b", "org/name", "x\n", "q\"uote", "a@b", long.as_str()] {
+            assert!(!valid_model_name(bad), "{bad:?}");
+        }
     }
 
     #[test]

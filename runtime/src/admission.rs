@@ -60,6 +60,19 @@ struct State {
     estimates: HashMap<String, u64>,
 }
 
+/// A card's budget at one moment.
+#[derive(Debug, Clone)]
+pub(crate) struct BudgetSnapshot {
+    pub total: u64,
+    pub free: Result<u64, String>,
+    pub reserved: u64,
+    pub headroom: u64,
+    pub unseen_resident: u64,
+    pub permits_out: usize,
+    pub cap: usize,
+    pub estimates: std::collections::BTreeMap<String, u64>,
+}
+
 /// Why a reservation could not be granted now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Blocked {
@@ -220,6 +233,31 @@ impl CardBudget {
         self.lock().reserved
     }
 
+    /// The card's UUID.
+    pub(crate) fn uuid(&self) -> &str {
+        &self.uuid
+    }
+
+    /// Why the last memory reading failed, if it did.
+    pub(crate) fn reading_error(&self) -> Option<String> {
+        self.lock().free.as_ref().err().cloned()
+    }
+
+    /// The budget as it stands, for `gpulane status`.
+    pub(crate) fn snapshot(&self) -> BudgetSnapshot {
+        let s = self.lock();
+        BudgetSnapshot {
+            total: self.total,
+            free: s.free.clone(),
+            reserved: s.reserved,
+            headroom: self.opts.headroom,
+            unseen_resident: self.opts.unseen_resident,
+            permits_out: s.outstanding,
+            cap: self.opts.cap,
+            estimates: s.estimates.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        }
+    }
+
     /// A slot supplier for one lane of this card, serving `activity_types`.
     pub(crate) fn lane(self: &Arc<Self>, queue: &str, activity_types: &[&str]) -> LaneSlots {
         LaneSlots {
@@ -231,9 +269,10 @@ impl CardBudget {
 }
 
 /// Keeps every card's memory reading fresh: reads the inventory every `every` and feeds
-/// the budgets, which wakes lanes waiting for memory.
+/// the budgets, which wakes lanes waiting for memory. Never returns; a panic in a reading
+/// ends it, which the supervisor sees.
 pub(crate) async fn refresh(
-    budgets: Vec<Arc<CardBudget>>,
+    budgets: Arc<Mutex<Vec<Arc<CardBudget>>>>,
     inventory: Arc<dyn DeviceInventory>,
     every: Duration,
 ) {
@@ -241,7 +280,12 @@ pub(crate) async fn refresh(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        for b in &budgets {
+        // Cards that recover after start join the list; read the list each round.
+        let now: Vec<Arc<CardBudget>> = budgets
+            .lock()
+            .expect("card list lock poisoned; this is a bug")
+            .clone();
+        for b in &now {
             // NVML calls are quick but blocking; a simulation file read is too.
             let inv = inventory.clone();
             let uuid = b.uuid.clone();

@@ -21,7 +21,8 @@ use serde::Serialize;
 
 use crate::{
     config::{DeviceArgs, HubArgs, ModelArgs},
-    daemon::{inventory, resolve_models},
+    settings::DeviceSettings,
+    startup::{inventory, resolve_models},
     devices::GpuDevice,
     RuntimeError,
 };
@@ -343,14 +344,14 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
     };
     let targets = targets(
         &args.device,
-        || Ok(inventory(&device_args)?.devices().to_vec()),
+        || Ok(inventory(&DeviceSettings::from_args(&device_args)?)?.devices().to_vec()),
         cfg!(feature = "cuda"),
     )?;
     let spec = resolve_models(&ModelArgs {
         models: vec![args.model.clone()],
         models_file: None,
         hub: args.hub.clone(),
-    })
+    }, false)
     .await?
     .into_iter()
     .next()
@@ -393,6 +394,7 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
                 batch_tokens: Some(rows.saturating_mul(info.max_seq_length)),
                 // One caller: nothing else can join a batch, so never wait for one.
                 batch_wait: Duration::ZERO,
+                ..EngineOptions::default()
             };
             let engine =
                 Engine::start(&spec.name, &spec.path, &t.engine, opts).map_err(|source| {

@@ -1,5 +1,6 @@
-//! Command line and environment, in one clap struct (the low level), validated into typed
-//! settings by [`RunArgs::validate`] (the high level). Temporal connection settings use
+//! Command line and environment, in one clap struct: the low level, as typed. The
+//! `settings` module turns these into typed settings once, at start (ripgrep's low-args →
+//! high-args), so nothing re-parses a flag later. Temporal connection settings use
 //! Temporal's own environment variable names so an existing `temporal` CLI setup works.
 
 use std::{fmt, path::PathBuf};
@@ -30,6 +31,48 @@ pub enum Command {
     /// Read each card's free memory now and print how many activities of the declared
     /// models it would admit, with the same budget `run` uses; connects to nothing.
     Admission(Box<RunArgs>),
+    /// Ask a running worker (its admin API) for its devices, lanes with their backlog,
+    /// card budgets and engines.
+    Status(StatusArgs),
+    /// Take a card (or every device) of a running worker out of service: its shared lanes
+    /// stop polling at once, its private lane after --drain-private-secs.
+    Drain(DeviceTarget),
+    /// Put a drained card (or every drained device) of a running worker back in service.
+    Resume(DeviceTarget),
+}
+
+/// Where a running worker's admin API listens; shared by `status`, `drain`, `resume`.
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    /// The worker's --admin-address (host:port).
+    #[arg(long, env = "GPULANE_ADMIN_ADDRESS", default_value = "127.0.0.1:9465")]
+    pub admin_address: String,
+}
+
+/// `gpulane status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Which worker.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    /// Print the status as JSON (the admin API's StatusResponse, proto field names as
+    /// keys; documented in proto/admin.proto) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Do not read each lane's backlog from Temporal.
+    #[arg(long)]
+    pub no_backlog: bool,
+}
+
+/// `gpulane drain` and `gpulane resume`.
+#[derive(Debug, Clone, Args)]
+pub struct DeviceTarget {
+    /// Which worker.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+    /// The card's NVML UUID (as `gpulane status` lists it), `cpu`, or `all`.
+    #[arg(long)]
+    pub card: String,
 }
 
 /// Which models to serve; shared by `run` and `models`.
@@ -220,10 +263,55 @@ pub struct RunArgs {
     #[arg(long, env = "TEMPORAL_TLS_SERVER_NAME")]
     pub tls_server_name: Option<String>,
 
-    /// Worker identity prefix shown in Temporal's UI (default: gpulane@HOST:PID). The lane
-    /// is appended, so each worker stays distinguishable.
+    /// Worker identity prefix shown in Temporal's UI (default: gpulane@POD_NAME in a pod,
+    /// else gpulane@HOST:PID). `/<device>/<task queue>` is appended per lane, so every
+    /// poller names the card it serves.
     #[arg(long, env = "GPULANE_IDENTITY")]
     pub identity: Option<String>,
+
+    /// The pod's name, which the default identity uses (set it from the Downward API).
+    #[arg(long, env = "POD_NAME", hide = true)]
+    pub pod_name: Option<String>,
+
+    /// The host name the environment gives (containers set it to the pod's name).
+    #[arg(long = "hostname-env", env = "HOSTNAME", hide = true)]
+    pub hostname_env: Option<String>,
+
+    /// Also serve a model queue per model (`gpu-tools@<model>`, `cpu-tools@<model>`),
+    /// polled only by workers that serve the model; a models file can turn it on per
+    /// model (`model_queue = true`).
+    #[arg(long, env = "GPULANE_MODEL_QUEUES", value_parser = clap::builder::FalseyValueParser::new())]
+    pub model_queues: bool,
+
+    /// Activity pollers per lane: a count (e.g. 2), or `auto` / `auto:MIN-MAX` for
+    /// sdk-core's poller autoscaling (default range 1-8). Each poll waits on a slot.
+    #[arg(long, env = "GPULANE_POLLERS", default_value = "2")]
+    pub pollers: String,
+
+    /// Most activities per second each lane of this worker starts (sdk-core's
+    /// max_worker_activities_per_second); unset = no limit.
+    #[arg(long, env = "GPULANE_MAX_ACTIVITIES_PER_SECOND")]
+    pub max_activities_per_second: Option<f64>,
+
+    /// Most activities per second the server dispatches from each lane's task queue, to
+    /// all its workers together (max_task_queue_activities_per_second); unset = no limit.
+    #[arg(long, env = "GPULANE_MAX_TASK_QUEUE_ACTIVITIES_PER_SECOND")]
+    pub max_task_queue_activities_per_second: Option<f64>,
+
+    /// Worker Deployment name, for versioned rollouts (with --build-id).
+    #[arg(long, env = "GPULANE_DEPLOYMENT_NAME", requires = "build_id")]
+    pub deployment_name: Option<String>,
+
+    /// Build id of this worker (default: gpulane-VERSION); with --deployment-name it is
+    /// the Worker Deployment Version's build id.
+    #[arg(long, env = "GPULANE_BUILD_ID")]
+    pub build_id: Option<String>,
+
+    /// With --deployment-name: opt in to Worker Versioning, so this worker takes only
+    /// tasks routed to its version (set it current with `temporal worker deployment
+    /// set-current-version`). Off: the version only identifies the worker.
+    #[arg(long, env = "GPULANE_USE_WORKER_VERSIONING", requires = "deployment_name", value_parser = clap::builder::FalseyValueParser::new())]
+    pub use_worker_versioning: bool,
 
     /// The models to serve.
     #[command(flatten)]
@@ -271,6 +359,25 @@ pub struct RunArgs {
     )]
     pub metrics_address: String,
 
+    /// Where to serve the admin API (gRPC: status, drain, resume), host:port; loopback by
+    /// default, since it can take cards out of service; port 0 picks one; `off` disables.
+    #[arg(long, env = "GPULANE_ADMIN_ADDRESS", default_value = "127.0.0.1:9465")]
+    pub admin_address: String,
+
+    /// Seconds a draining card's private lane keeps serving after its shared lanes stop,
+    /// so follow-ups pinned to the card land (on drain and on SIGTERM).
+    #[arg(long, env = "GPULANE_DRAIN_PRIVATE_SECS", default_value_t = 5)]
+    pub drain_private_secs: u64,
+
+    /// Seconds between retries of a card that could not be read at start.
+    #[arg(long, env = "GPULANE_CARD_RETRY_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub card_retry_secs: u64,
+
+    /// Test-only fault hooks (texts that kill an engine or panic an activity). Never in
+    /// service.
+    #[arg(long, env = "GPULANE_TEST_FAULTS", hide = true, value_parser = clap::builder::FalseyValueParser::new())]
+    pub test_faults: bool,
+
     /// Most texts in one embed call.
     #[arg(long, env = "GPULANE_MAX_TEXTS", default_value_t = 1024)]
     pub max_texts: usize,
@@ -288,7 +395,9 @@ pub struct RunArgs {
     #[arg(long, env = "GPULANE_MAX_RESULT_BYTES", default_value_t = 2_000_000)]
     pub max_result_bytes: usize,
 
-    /// Seconds to let running activities finish after a stop signal.
+    /// Seconds running activities get to finish once their lane stops polling (drain or
+    /// SIGTERM); then they are failed back to Temporal, retryably (WorkerShutdown), so
+    /// another worker takes them at once.
     #[arg(long, env = "GPULANE_GRACEFUL_SHUTDOWN_SECS", default_value_t = 30)]
     pub graceful_shutdown_secs: u64,
 }
@@ -312,48 +421,8 @@ impl DeviceArgs {
     }
 }
 
-impl RunArgs {
-    /// The headroom in bytes on a card of `total` bytes.
-    pub(crate) fn headroom_bytes(&self, total: u64) -> Result<u64, String> {
-        let v = self.vram_headroom.trim();
-        if let Ok(f) = v.parse::<f64>() {
-            if v.contains('.') {
-                if !(0.0..1.0).contains(&f) {
-                    return Err(format!(
-                        "--vram-headroom {v}: a fraction must be in [0, 1); for bytes write a unit, e.g. 2GiB"
-                    ));
-                }
-                return Ok((total as f64 * f) as u64);
-            }
-        }
-        crate::units::parse_bytes(v).map_err(|e| format!("--vram-headroom: {e}"))
-    }
-
-    /// `--vram-cost` overrides by model name.
-    pub(crate) fn vram_costs(&self) -> Result<Vec<(String, u64)>, String> {
-        self.vram_cost
-            .iter()
-            .map(|c| {
-                let (name, bytes) = c.split_once('=').ok_or_else(|| {
-                    format!("--vram-cost {c:?}: expected NAME=BYTES, e.g. minilm=1GiB")
-                })?;
-                let bytes = crate::units::parse_bytes(bytes)
-                    .map_err(|e| format!("--vram-cost {c:?}: {e}"))?;
-                Ok((name.trim().to_owned(), bytes))
-            })
-            .collect()
-    }
-
-    pub(crate) fn uses_tls(&self) -> bool {
-        self.tls
-            || self.api_key.is_some()
-            || self.tls_server_ca_cert_path.is_some()
-            || self.tls_client_cert_path.is_some()
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -390,44 +459,13 @@ mod tests {
         assert!(Cli::try_parse_from(argv).is_err());
     }
 
-    fn run_args(extra: &[&str]) -> RunArgs {
+    pub(crate) fn run_args(extra: &[&str]) -> RunArgs {
         let mut argv = vec!["gpulane", "run", "--model", "/m"];
         argv.extend_from_slice(extra);
         match Cli::try_parse_from(argv).unwrap().command {
             Command::Run(a) => *a,
             _ => unreachable!(),
         }
-    }
-
-    #[test]
-    fn headroom_is_bytes_or_a_fraction() {
-        let gib = 1u64 << 30;
-        assert_eq!(run_args(&[]).headroom_bytes(80 * gib).unwrap(), 4 * gib);
-        assert_eq!(
-            run_args(&["--vram-headroom", "2GiB"])
-                .headroom_bytes(80 * gib)
-                .unwrap(),
-            2 * gib
-        );
-        assert_eq!(
-            run_args(&["--vram-headroom", "0.25"])
-                .headroom_bytes(8 * gib)
-                .unwrap(),
-            2 * gib
-        );
-        assert!(run_args(&["--vram-headroom", "1.5"])
-            .headroom_bytes(gib)
-            .is_err());
-    }
-
-    #[test]
-    fn vram_cost_overrides_parse() {
-        let a = run_args(&["--vram-cost", "a=1GiB,b=512MiB"]);
-        assert_eq!(
-            a.vram_costs().unwrap(),
-            vec![("a".into(), 1 << 30), ("b".into(), 512 << 20)]
-        );
-        assert!(run_args(&["--vram-cost", "nope"]).vram_costs().is_err());
     }
 
     #[test]

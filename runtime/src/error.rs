@@ -70,4 +70,17 @@ pub enum RuntimeError {
         #[source]
         source: BoxError,
     },
+    /// The worker stopped because something failed (a lane, an engine thread or a
+    /// background task died), or its stop outlived the deadline; the process exits
+    /// non-zero so that its supervisor restarts it.
+    #[error("stopped: {0}")]
+    Stopped(String),
+    /// A running worker's admin API refused a request or could not be reached.
+    #[error("admin API at {address}: {message}")]
+    Admin {
+        /// The address dialled.
+        address: String,
+        /// What it said.
+        message: String,
+    },
 }

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use gpulane_models::DType;
+use gpulane_proto::{valid_model_name, MODEL_NAME_MAX};
 use serde::Deserialize;
 
 use crate::{
@@ -44,6 +45,10 @@ pub(crate) struct ModelDecl {
     /// Per-task working memory on a card, overriding the estimate (e.g. "2GiB").
     #[serde(default)]
     pub vram_cost: Option<String>,
+    /// Also serve the model's own queue (`gpu-tools@<name>`, `cpu-tools@<name>`);
+    /// default: `--model-queues`.
+    #[serde(default)]
+    pub model_queue: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -64,6 +69,8 @@ pub(crate) struct ModelSpec {
     pub on_cpu: bool,
     pub batch_tokens: Option<usize>,
     pub vram_cost: Option<u64>,
+    /// Serve `gpu-tools@<name>` / `cpu-tools@<name>` too.
+    pub model_queue: bool,
 }
 
 fn decl_from_flag(s: &str) -> Result<ModelDecl, RuntimeError> {
@@ -89,6 +96,7 @@ fn decl_from_flag(s: &str) -> Result<ModelDecl, RuntimeError> {
         lanes: None,
         max_batch_tokens: None,
         vram_cost: None,
+        model_queue: None,
     })
 }
 
@@ -114,6 +122,13 @@ pub(crate) fn declarations(args: &ModelArgs) -> Result<Vec<ModelDecl>, RuntimeEr
         ));
     }
     for (i, d) in decls.iter().enumerate() {
+        if !valid_model_name(&d.name) {
+            return Err(RuntimeError::Config(format!(
+                "model name {:?}: use 1 to {MODEL_NAME_MAX} ASCII letters, digits, '-', '_' or '.' \
+                 (it names a queue and a metric label); with --model write NAME=SOURCE",
+                d.name
+            )));
+        }
         if decls[..i].iter().any(|o| o.name == d.name) {
             return Err(RuntimeError::Config(format!(
                 "two models are named {:?}: give each a distinct name",
@@ -189,10 +204,12 @@ pub(crate) async fn resolve_source(source: &str, hub: &HubArgs) -> Result<PathBu
     dir.ok_or_else(|| RuntimeError::Config(format!("downloading {source}: no config.json")))
 }
 
-/// Resolves and types every declaration.
+/// Resolves and types every declaration; `model_queues` is the default of each one's
+/// `model_queue`.
 pub(crate) async fn resolve(
     decls: Vec<ModelDecl>,
     hub: &HubArgs,
+    model_queues: bool,
 ) -> Result<Vec<ModelSpec>, RuntimeError> {
     let mut out = Vec::with_capacity(decls.len());
     for d in decls {
@@ -224,6 +241,7 @@ pub(crate) async fn resolve(
             on_cpu: lanes.iter().any(|l| l == "cpu"),
             batch_tokens: d.max_batch_tokens,
             vram_cost,
+            model_queue: d.model_queue.unwrap_or(model_queues),
             name: d.name,
             source: d.source,
         });

@@ -4,16 +4,23 @@
 use std::time::Duration;
 
 use gpulane_activities::ActivityError;
-use temporalio_client::{ClientTlsOptions, Connection, ConnectionOptions, TlsOptions, Url};
+use temporalio_client::{
+    ClientTlsOptions, Connection, ConnectionOptions, TlsOptions,
+};
 use temporalio_common::protos::{
     temporal::api::{
         common::v1::Payload,
+        enums::v1::{TaskQueueKind, TaskQueueType},
         failure::v1::{failure::FailureInfo, ApplicationFailureInfo, Failure},
+        taskqueue::v1::TaskQueue,
+        workflowservice::v1::{
+            DescribeTaskQueueRequest, DescribeTaskQueueResponse, GetSystemInfoRequest,
+        },
     },
     ENCODING_PAYLOAD_KEY, JSON_ENCODING_VAL,
 };
 
-use crate::{config::RunArgs, RuntimeError};
+use crate::{settings::TemporalSettings, RuntimeError};
 
 fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, RuntimeError> {
     std::fs::read(path).map_err(|source| RuntimeError::File {
@@ -22,57 +29,80 @@ fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, RuntimeError> {
     })
 }
 
-/// Connects to the Temporal frontend named by the run arguments. TLS is on when asked for,
-/// when any certificate is given, or with an API key (Temporal Cloud needs it; the client
-/// crate does not turn it on by itself).
-pub(crate) async fn connect(args: &RunArgs, identity: &str) -> Result<Connection, RuntimeError> {
-    let tls = args.uses_tls();
-    let address = args.address.trim();
-    let url_text = if address.contains("://") {
-        address.to_owned()
-    } else {
-        format!("{}://{address}", if tls { "https" } else { "http" })
-    };
-    let url = Url::parse(&url_text).map_err(|e| {
-        RuntimeError::Config(format!("--address {address:?} is not host:port ({e})"))
-    })?;
-    let tls_options = if tls {
-        let client = match (&args.tls_client_cert_path, &args.tls_client_key_path) {
-            (Some(cert), Some(key)) => Some(
-                ClientTlsOptions::builder()
-                    .client_cert(read_pem(cert)?)
-                    .client_private_key(read_pem(key)?)
+/// Connects to the Temporal frontend the settings name, with TLS when they ask for it
+/// (the client crate does not turn it on by itself for an API key).
+pub(crate) async fn connect(
+    settings: &TemporalSettings,
+    identity: &str,
+) -> Result<Connection, RuntimeError> {
+    let tls_options = match &settings.tls {
+        Some(tls) => {
+            let client = match &tls.client {
+                Some((cert, key)) => Some(
+                    ClientTlsOptions::builder()
+                        .client_cert(read_pem(cert)?)
+                        .client_private_key(read_pem(key)?)
+                        .build(),
+                ),
+                None => None,
+            };
+            let ca = tls.server_ca.as_deref().map(read_pem).transpose()?;
+            Some(
+                TlsOptions::builder()
+                    .maybe_server_root_ca_cert(ca)
+                    .maybe_client_tls_options(client)
+                    .maybe_domain(tls.server_name.clone())
                     .build(),
-            ),
-            _ => None,
-        };
-        let ca = args
-            .tls_server_ca_cert_path
-            .as_deref()
-            .map(read_pem)
-            .transpose()?;
-        Some(
-            TlsOptions::builder()
-                .maybe_server_root_ca_cert(ca)
-                .maybe_client_tls_options(client)
-                .maybe_domain(args.tls_server_name.clone())
-                .build(),
-        )
-    } else {
-        None
+            )
+        }
+        None => None,
     };
-    let opts = ConnectionOptions::new(url)
+    let opts = ConnectionOptions::new(settings.url.clone())
         .identity(identity.to_owned())
-        .maybe_api_key(args.api_key.as_ref().map(|k| k.expose().to_owned()))
+        .maybe_api_key(settings.api_key.as_ref().map(|k| k.expose().to_owned()))
         .maybe_tls_options(tls_options)
         .connect_timeout(Duration::from_secs(10))
         .build();
     Connection::connect(opts)
         .await
         .map_err(|source| RuntimeError::Connect {
-            address: address.to_owned(),
+            address: settings.address.clone(),
             source: Box::new(source),
         })
+}
+
+/// One lane's queue as the server sees it: `DescribeTaskQueue` with stats, for the
+/// activity task type (backlog count and age, add and dispatch rates, pollers).
+pub(crate) async fn describe_activity_queue(
+    connection: &Connection,
+    namespace: &str,
+    queue: &str,
+) -> Result<DescribeTaskQueueResponse, tonic::Status> {
+    let request = DescribeTaskQueueRequest {
+        namespace: namespace.to_owned(),
+        task_queue: Some(TaskQueue {
+            name: queue.to_owned(),
+            kind: TaskQueueKind::Normal as i32,
+            ..Default::default()
+        }),
+        task_queue_type: TaskQueueType::Activity as i32,
+        report_stats: true,
+        ..Default::default()
+    };
+    let mut service = connection.workflow_service();
+    service
+        .describe_task_queue(tonic::Request::new(request))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// Whether the frontend answers now (a cheap `GetSystemInfo`), for readiness.
+pub(crate) async fn reachable(connection: &Connection) -> Result<(), tonic::Status> {
+    let mut service = connection.workflow_service();
+    service
+        .get_system_info(tonic::Request::new(GetSystemInfoRequest::default()))
+        .await
+        .map(drop)
 }
 
 /// A `json/plain` payload, what every SDK's default data converter reads.
@@ -114,8 +144,10 @@ pub(crate) fn input_json(input: &[Payload]) -> Result<&[u8], ActivityError> {
     }
 }
 
-/// An application failure a workflow can match on by type, retryable as the error says.
-pub(crate) fn failure(err: &ActivityError) -> Failure {
+/// An application failure a workflow can match on by type, retryable as the error says,
+/// with the error's own delay before the next attempt where it has one (`attempt` is the
+/// attempt that failed, from 1).
+pub(crate) fn failure(err: &ActivityError, attempt: u32) -> Failure {
     Failure {
         message: err.to_string(),
         source: "gpulane".to_owned(),
@@ -123,6 +155,9 @@ pub(crate) fn failure(err: &ActivityError) -> Failure {
             ApplicationFailureInfo {
                 r#type: err.failure_type().to_owned(),
                 non_retryable: !err.is_retryable(),
+                next_retry_delay: err
+                    .retry_delay(attempt)
+                    .and_then(|d| d.try_into().ok()),
                 ..Default::default()
             },
         )),
@@ -150,21 +185,46 @@ mod tests {
 
     #[test]
     fn failures_carry_type_and_retryability() {
-        let f = failure(&ActivityError::InvalidInput(
-            "field \"texts\" is empty".into(),
-        ));
+        let f = failure(
+            &ActivityError::InvalidInput("field \"texts\" is empty".into()),
+            1,
+        );
         let Some(FailureInfo::ApplicationFailureInfo(info)) = f.failure_info else {
             panic!("not an application failure")
         };
         assert_eq!(info.r#type, "InvalidInput");
         assert!(info.non_retryable);
         assert!(f.message.contains("texts"));
-        let f = failure(&ActivityError::Model(
-            gpulane_models::ModelError::EngineStopped,
-        ));
+        let f = failure(
+            &ActivityError::Model(gpulane_models::ModelError::EngineStopped),
+            1,
+        );
         let Some(FailureInfo::ApplicationFailureInfo(info)) = f.failure_info else {
             panic!("not an application failure")
         };
         assert!(!info.non_retryable);
+        assert_eq!(info.next_retry_delay, None);
+    }
+
+    #[test]
+    fn a_model_not_served_here_is_retried_later_and_later() {
+        let e = ActivityError::ModelNotServed {
+            name: "\"e5\"".into(),
+            known: vec!["minilm".into()],
+            queue: "gpu-tools".into(),
+            model_queue: "gpu-tools@e5".into(),
+        };
+        let delay = |attempt| {
+            let Some(FailureInfo::ApplicationFailureInfo(info)) = failure(&e, attempt).failure_info
+            else {
+                panic!("not an application failure")
+            };
+            assert!(!info.non_retryable);
+            assert_eq!(info.r#type, "ModelNotServed");
+            info.next_retry_delay.unwrap().seconds
+        };
+        assert_eq!(delay(1), 1);
+        assert_eq!(delay(5), 5);
+        assert_eq!(delay(500), 60);
     }
 }

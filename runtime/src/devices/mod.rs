@@ -94,4 +94,7 @@ pub(crate) trait DeviceInventory: Send + Sync {
     fn devices(&self) -> &[GpuDevice];
     /// Live free memory of one card, in bytes.
     fn free_memory(&self, uuid: &str) -> Result<u64, DeviceError>;
+    /// Reads a card again (name, total memory, a memory reading), for a card that could
+    /// not be read at start: the card as it is now, or why it still cannot be read.
+    fn probe(&self, card: &GpuDevice) -> Result<GpuDevice, DeviceError>;
 }

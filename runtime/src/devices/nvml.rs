@@ -32,24 +32,64 @@ impl NvmlInventory {
         let count = nvml.device_count().map_err(nvml_err("device_count", "-"))?;
         let mut all = Vec::with_capacity(count as usize);
         for index in 0..count {
-            let dev = nvml
-                .device_by_index(index)
-                .map_err(nvml_err("device_by_index", "-"))?;
-            let uuid = dev.uuid().map_err(nvml_err("uuid", "-"))?;
-            let name = dev.name().map_err(nvml_err("name", &uuid))?;
-            let mem = dev.memory_info().map_err(nvml_err("memory_info", &uuid))?;
-            all.push(GpuDevice {
+            // A card that cannot even be named cannot be served (its queue needs the
+            // UUID); it keeps its place, so CUDA ordinals stay right, and is dropped
+            // after the CUDA_VISIBLE_DEVICES filter.
+            let uuid = match nvml.device_by_index(index).and_then(|d| d.uuid()) {
+                Ok(uuid) => uuid,
+                Err(e) => {
+                    tracing::error!(index, error = %e,
+                        "NVML cannot name this card; it is not served");
+                    all.push(GpuDevice {
+                        uuid: format!("{UNNAMED}{index}"),
+                        index,
+                        cuda_ordinal: index as usize,
+                        name: String::new(),
+                        total_memory: 0,
+                        simulated: false,
+                    });
+                    continue;
+                }
+            };
+            // A card whose name or memory cannot be read is listed; its first memory
+            // reading fails too, which sets it aside to be retried (not the whole worker).
+            let card = GpuDevice {
                 uuid,
                 index,
                 cuda_ordinal: index as usize,
-                name,
-                total_memory: mem.total,
+                name: String::new(),
+                total_memory: 0,
                 simulated: false,
-            });
+            };
+            all.push(read_card(&nvml, &card).unwrap_or(card));
         }
-        let devices = super::filter_visible(&all, visible);
+        let devices = super::filter_visible(&all, visible)
+            .into_iter()
+            .filter(|d| !d.uuid.starts_with(UNNAMED))
+            .collect();
         Ok(Self { nvml, devices })
     }
+}
+
+/// The placeholder UUID prefix of a card NVML cannot name.
+const UNNAMED: &str = "unnamed-nvml-index-";
+
+/// A card's name and total memory, read now.
+fn read_card(nvml: &Nvml, card: &GpuDevice) -> Result<GpuDevice, DeviceError> {
+    let err = |call| {
+        let uuid = card.uuid.clone();
+        move |source| DeviceError::Nvml { call, uuid, source }
+    };
+    let dev = nvml
+        .device_by_uuid(card.uuid.as_str())
+        .map_err(err("device_by_uuid"))?;
+    let name = dev.name().map_err(err("name"))?;
+    let mem = dev.memory_info().map_err(err("memory_info"))?;
+    Ok(GpuDevice {
+        name,
+        total_memory: mem.total,
+        ..card.clone()
+    })
 }
 
 impl DeviceInventory for NvmlInventory {
@@ -76,6 +116,10 @@ impl DeviceInventory for NvmlInventory {
             source,
         })?;
         Ok(mem.free)
+    }
+
+    fn probe(&self, card: &GpuDevice) -> Result<GpuDevice, DeviceError> {
+        read_card(&self.nvml, card)
     }
 }
 

@@ -31,6 +31,14 @@ pub(crate) fn parse_simulate_spec(spec: &str) -> Result<(u32, u64), DeviceError>
     Ok((count, bytes))
 }
 
+/// One card's line in the memory file.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Scripted {
+    Free(u64),
+    Fail(String),
+}
+
 /// A declared set of cards with fixed memory.
 pub(crate) struct SimulatedInventory {
     devices: Vec<GpuDevice>,
@@ -60,7 +68,8 @@ impl SimulatedInventory {
     /// Scripts free memory from a JSON file mapping a card's index (as a string) to its
     /// free bytes, e.g. `{"0": 0, "1": 17179869184}`, read at every memory refresh so a
     /// test or demo can play another tenant filling a card. Cards it does not name are
-    /// entirely free.
+    /// entirely free. A value of `"fail"` makes the card's readings fail, as a broken
+    /// card's NVML calls would.
     pub(crate) fn with_memory_file(mut self, path: Option<PathBuf>) -> Self {
         self.memory_file = path;
         self
@@ -96,16 +105,27 @@ impl DeviceInventory for SimulatedInventory {
             reason,
         };
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let map: HashMap<String, u64> = serde_json::from_str(&text).map_err(|e| {
+        let map: HashMap<String, Scripted> = serde_json::from_str(&text).map_err(|e| {
             bad(format!(
-                "{e}; expected an object of index to free bytes, like {{\"0\": 0}}"
+                "{e}; expected an object of index to free bytes (or \"fail\"), like {{\"0\": 0}}"
             ))
         })?;
-        Ok(map
-            .get(&dev.index.to_string())
-            .copied()
-            .unwrap_or(dev.total_memory)
-            .min(dev.total_memory))
+        match map.get(&dev.index.to_string()) {
+            None => Ok(dev.total_memory),
+            Some(Scripted::Free(b)) => Ok((*b).min(dev.total_memory)),
+            Some(Scripted::Fail(word)) if word == "fail" => Err(bad(format!(
+                "card {} is scripted to fail its readings",
+                dev.index
+            ))),
+            Some(Scripted::Fail(word)) => Err(bad(format!(
+                "card {}: {word:?} is neither free bytes nor \"fail\"",
+                dev.index
+            ))),
+        }
+    }
+
+    fn probe(&self, card: &GpuDevice) -> Result<GpuDevice, DeviceError> {
+        self.free_memory(&card.uuid).map(|_| card.clone())
     }
 }
 
@@ -166,6 +186,11 @@ mod tests {
             1 << 30,
             "re-read on every call"
         );
+        std::fs::write(&file, r#"{"1": "fail"}"#).unwrap();
+        let e = inv.free_memory("GPU-SIM-1").unwrap_err().to_string();
+        assert!(e.contains("scripted to fail"), "{e}");
+        assert!(inv.probe(&inv.devices()[1]).is_err());
+        assert!(inv.probe(&inv.devices()[0]).is_ok());
         std::fs::write(&file, "not json").unwrap();
         let e = inv.free_memory("GPU-SIM-0").unwrap_err().to_string();
         assert!(e.contains("mem.json"), "{e}");

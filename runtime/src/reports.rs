@@ -1,0 +1,145 @@
+//! The report commands, which connect to nothing: `gpulane devices` (inventory and queue
+//! names), `gpulane models` (what would load) and `gpulane admission` (what a card would
+//! admit now).
+
+use std::sync::Arc;
+
+use gpulane_models::ModelKind;
+use gpulane_proto::activity;
+
+use crate::{
+    config::{CpuLane, DeviceArgs, ModelArgs, RunArgs},
+    lanes::plan,
+    registry::ModelSpec,
+    settings::{DeviceSettings, Settings},
+    startup::{card_budget, inventory, resolve_models, start_on_cpu},
+    RuntimeError,
+};
+
+/// `gpulane models`: loads each declared model on the CPU, as a worker would at start, and
+/// lists it; a model that cannot load fails the command naming the file.
+pub(crate) async fn print_models(args: &ModelArgs) -> Result<(), RuntimeError> {
+    for m in resolve_models(args, false).await? {
+        let engine = start_on_cpu(&m)?;
+        let lanes = match (m.on_gpu, m.on_cpu) {
+            (true, true) => "gpu,cpu",
+            (true, false) => "gpu",
+            _ => "cpu",
+        };
+        match engine.kind() {
+            ModelKind::Embedder(i) => println!(
+                "{name}  embedder  {arch}  pooling {pool}{norm}  max length {len}  dimensions {dim}  dtype {dtype:?}  lanes {lanes}  {path}",
+                name = m.name,
+                arch = i.architecture,
+                pool = i.pooling.as_str(),
+                norm = if i.normalize { "+normalize" } else { "" },
+                len = i.max_seq_length,
+                dim = i.dimensions,
+                dtype = m.dtype,
+                path = m.path.display(),
+            ),
+            ModelKind::CrossEncoder(i) => println!(
+                "{name}  cross-encoder  {arch}  max length {len}  dtype {dtype:?}  lanes {lanes}  {path}",
+                name = m.name,
+                arch = i.architecture,
+                len = i.max_length,
+                dtype = m.dtype,
+                path = m.path.display(),
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// `gpulane devices`.
+pub(crate) fn print_devices(args: &DeviceArgs) {
+    let report = || -> Result<(), RuntimeError> {
+        let d = DeviceSettings::from_args(args)?;
+        let inv = inventory(&d)?;
+        println!("host: {}", d.host);
+        println!("inventory: {}", inv.source());
+        if inv.devices().is_empty() {
+            println!("gpus: none");
+        }
+        for g in inv.devices() {
+            let free = inv
+                .free_memory(&g.uuid)
+                .map(|b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64))
+                .unwrap_or_else(|e| format!("unknown ({e})"));
+            println!(
+                "gpu {index}: {uuid}  {name}  total {total:.1} GiB  free {free}  cuda ordinal {ord}{sim}",
+                index = g.index,
+                uuid = g.uuid,
+                name = g.name,
+                total = g.total_memory as f64 / (1u64 << 30) as f64,
+                ord = g.cuda_ordinal,
+                sim = if g.simulated { "  (simulated)" } else { "" },
+            );
+        }
+        println!("task queues served (plus gpu-tools@<model> / cpu-tools@<model> for models with a model queue):");
+        for p in plan(&d.host, inv.devices(), &d.gpus, d.cpu_lane) {
+            for q in &p.queues {
+                println!("  {q}  ({})", p.label());
+            }
+        }
+        Ok(())
+    };
+    if let Err(e) = report() {
+        println!("error: {e}");
+    }
+}
+
+/// `gpulane admission`: each selected card's budget, built as `run` builds it, fed one
+/// memory reading taken now, and how many activities of each type it would admit. The
+/// models load on the CPU (only their sizes matter), so their weights are counted as
+/// memory the card would still lose. One `key=value` line per card, for scripts.
+pub(crate) async fn print_admission(args: &RunArgs) -> Result<(), RuntimeError> {
+    let settings = Settings::from_args(args)?;
+    let specs = resolve_models(&args.models, false).await?;
+    let inv = inventory(&settings.devices)?;
+    let d = &settings.devices;
+    let cards: Vec<_> = plan(&d.host, inv.devices(), &d.gpus, CpuLane::Off)
+        .into_iter()
+        .filter_map(|p| p.gpu)
+        .collect();
+    if cards.is_empty() {
+        println!("gpus: none (inventory: {})", inv.source());
+        return Ok(());
+    }
+    let engines = specs
+        .iter()
+        .filter(|m| m.on_gpu)
+        .map(|m| Ok((m.clone(), start_on_cpu(m)?)))
+        .collect::<Result<Vec<(ModelSpec, _)>, RuntimeError>>()?;
+    if engines.is_empty() {
+        return Err(RuntimeError::Config(
+            "no declared model serves the gpu lanes".to_owned(),
+        ));
+    }
+    for g in &cards {
+        let budget = card_budget(&settings, g, &engines, Arc::default(), false)?;
+        let reading = inv.free_memory(&g.uuid);
+        let free = reading
+            .as_ref()
+            .map_or_else(|e| format!("error ({e})"), u64::to_string);
+        budget.set_reading(reading);
+        let admits = |activity: &str| {
+            budget
+                .would_admit(activity)
+                .map_or_else(|e| format!("none ({e})"), |n| n.to_string())
+        };
+        println!(
+            "gpu {index} {uuid} total_bytes={total} free_bytes={free} headroom_bytes={headroom} \
+             embed_cost_bytes={ec} admit_embed={ae} rerank_cost_bytes={rc} admit_rerank={ar}",
+            index = g.index,
+            uuid = g.uuid,
+            total = g.total_memory,
+            headroom = settings.headroom.bytes(g.total_memory),
+            ec = budget.estimate(activity::EMBED),
+            ae = admits(activity::EMBED),
+            rc = budget.estimate(activity::RERANK),
+            ar = admits(activity::RERANK),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,317 @@
+//! Start-up: the models a worker declares, the device inventory, and each device made
+//! ready to serve: its engines loaded (paired with the declaration they came from), its
+//! activities, and for a card its admission budget. Used by `gpulane run`, by the
+//! reports (`models`, `admission`, `bench`), and again when a card that could not be read
+//! at start recovers.
+
+use std::sync::Arc;
+
+use gpulane_activities::{DeviceActivities, ModelSet};
+use gpulane_models::{DType, Engine, EngineDevice, EngineOptions, ModelKind};
+use gpulane_proto::activity;
+
+use crate::{
+    admission::{BudgetOptions, CardBudget},
+    config::ModelArgs,
+    devices::{DeviceError, DeviceInventory, GpuDevice, NvmlInventory, SimulatedInventory},
+    lanes::{DevicePlan, LanePlan},
+    metrics::Metrics,
+    registry::{declarations, resolve, ModelSpec},
+    settings::{DeviceSettings, Settings},
+    RuntimeError,
+};
+
+/// The declared models, resolved to directories; `model_queues` is the default of each
+/// one's `model_queue`.
+pub(crate) async fn resolve_models(
+    args: &ModelArgs,
+    model_queues: bool,
+) -> Result<Vec<ModelSpec>, RuntimeError> {
+    resolve(declarations(args)?, &args.hub, model_queues).await
+}
+
+/// Loads `m` on the CPU with default options, as the listings and estimates need it.
+pub(crate) fn start_on_cpu(m: &ModelSpec) -> Result<Engine, RuntimeError> {
+    Engine::start(&m.name, &m.path, &EngineDevice::Cpu, EngineOptions::default()).map_err(
+        |source| RuntimeError::Model {
+            name: m.name.clone(),
+            device: "cpu".to_owned(),
+            source: Box::new(source),
+        },
+    )
+}
+
+/// The machine's cards when NVML is missing: none.
+struct NoGpus;
+
+impl DeviceInventory for NoGpus {
+    fn source(&self) -> &'static str {
+        "none"
+    }
+    fn devices(&self) -> &[GpuDevice] {
+        &[]
+    }
+    fn free_memory(&self, uuid: &str) -> Result<u64, DeviceError> {
+        Err(DeviceError::UnknownDevice(uuid.to_owned()))
+    }
+    fn probe(&self, card: &GpuDevice) -> Result<GpuDevice, DeviceError> {
+        Err(DeviceError::UnknownDevice(card.uuid.clone()))
+    }
+}
+
+/// The inventory the settings ask for. A machine without NVML (or without cards) is
+/// normal: it logs why and returns an empty inventory.
+pub(crate) fn inventory(d: &DeviceSettings) -> Result<Arc<dyn DeviceInventory>, RuntimeError> {
+    let visible = d.cuda_visible_devices.as_deref();
+    if let Some((count, bytes)) = d.simulate {
+        tracing::warn!(
+            count,
+            bytes,
+            "simulated GPUs declared by --simulate-gpus: they compute on the CPU"
+        );
+        return Ok(Arc::new(
+            SimulatedInventory::new(count, bytes)
+                .with_visible(visible)
+                .with_memory_file(d.simulated_memory.clone()),
+        ));
+    }
+    match NvmlInventory::open(d.nvml_lib.as_deref().map(|p| p.as_os_str()), visible) {
+        Ok(inv) => {
+            if inv.devices().is_empty() {
+                tracing::info!(cuda_visible_devices = ?visible, "NVML reports no visible GPU");
+            }
+            Ok(Arc::new(inv))
+        }
+        Err(DeviceError::NvmlUnavailable(why)) => {
+            tracing::info!(%why, "no NVML on this machine, so no GPU lanes");
+            Ok(Arc::new(NoGpus))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Where a device's engines run: the CPU for the CPU lane and simulated cards, the card
+/// (by its verified CUDA ordinal) with the `cuda` build, else a refusal that says why.
+pub(crate) fn engine_device(plan: &DevicePlan) -> Result<EngineDevice, RuntimeError> {
+    match &plan.gpu {
+        None => Ok(EngineDevice::Cpu),
+        Some(g) if g.simulated => Ok(EngineDevice::Cpu),
+        Some(g) if cfg!(feature = "cuda") => {
+            // The ordinal comes from NVML's order filtered by CUDA_VISIBLE_DEVICES; the
+            // driver confirms it opens this very card (devices/cuda.rs says why).
+            if crate::devices::check_cuda_ordinal(g)? {
+                tracing::info!(gpu_uuid = %g.uuid, cuda_ordinal = g.cuda_ordinal,
+                    "CUDA ordinal verified against the card's UUID");
+            }
+            Ok(EngineDevice::Cuda(g.cuda_ordinal))
+        }
+        Some(g) => Err(RuntimeError::Config(format!(
+            "found GPU {} but this gpulane was built without the `cuda` feature: rebuild with \
+             `--features cuda` (scripts/cuda-build.sh), or pass --gpus none to serve the CPU lane",
+            g.uuid
+        ))),
+    }
+}
+
+/// A card that could not be read at start (or since), with why: not served, shown in
+/// `gpulane status`, and retried in the background.
+#[derive(Debug, Clone)]
+pub(crate) struct BrokenCard {
+    pub plan: DevicePlan,
+    pub error: String,
+}
+
+/// Splits the planned cards into those readable now and those that are not: a card whose
+/// first memory reading fails is set aside instead of stopping the whole worker.
+pub(crate) fn check_cards(
+    plans: Vec<DevicePlan>,
+    inventory: &dyn DeviceInventory,
+) -> (Vec<DevicePlan>, Vec<BrokenCard>) {
+    let mut ok = Vec::new();
+    let mut broken = Vec::new();
+    for p in plans {
+        let error = match &p.gpu {
+            None => None,
+            Some(g) if g.total_memory == 0 => {
+                Some("its total memory could not be read at start".to_owned())
+            }
+            Some(g) => inventory.free_memory(&g.uuid).err().map(|e| e.to_string()),
+        };
+        match error {
+            None => ok.push(p),
+            Some(error) => {
+                tracing::error!(gpu_uuid = p.label(), %error,
+                    "cannot read this card: serving the others; retrying it in the background");
+                broken.push(BrokenCard { plan: p, error });
+            }
+        }
+    }
+    (ok, broken)
+}
+
+/// One device made ready to serve.
+pub(crate) struct DeviceSetup {
+    pub plan: DevicePlan,
+    /// Each engine with the declaration it was loaded from.
+    pub engines: Vec<(ModelSpec, Engine)>,
+    pub activities: DeviceActivities,
+    pub budget: Option<Arc<CardBudget>>,
+    pub lanes: Vec<LanePlan>,
+}
+
+/// Loads every model this device serves and builds its activities, budget and lanes.
+/// Blocking (model loading): run it off the async runtime.
+pub(crate) fn load_device(
+    plan: DevicePlan,
+    models: &[ModelSpec],
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+) -> Result<DeviceSetup, RuntimeError> {
+    let device = engine_device(&plan)?;
+    let on_cpu = matches!(device, EngineDevice::Cpu);
+    let mut engines = Vec::new();
+    for m in models
+        .iter()
+        .filter(|m| if plan.gpu.is_some() { m.on_gpu } else { m.on_cpu })
+    {
+        let opts = EngineOptions {
+            // The CPU (and simulated cards) always compute in f32.
+            dtype: if on_cpu { DType::F32 } else { m.dtype },
+            batch_tokens: m.batch_tokens,
+            batch_rows: Some(settings.batch_rows),
+            batch_wait: settings.batch_wait,
+            observer: Some(metrics.engine(plan.label(), &m.name)),
+            fault_hooks: settings.test_faults,
+        };
+        let engine = Engine::start(&m.name, &m.path, &device, opts).map_err(|source| {
+            RuntimeError::Model {
+                name: m.name.clone(),
+                device: plan.label().to_owned(),
+                source: Box::new(source),
+            }
+        })?;
+        match engine.kind() {
+            ModelKind::Embedder(info) => tracing::info!(model = %m.name,
+                path = %m.path.display(), device = plan.label(), kind = "embedder",
+                architecture = %info.architecture, pooling = info.pooling.as_str(),
+                max_seq_length = info.max_seq_length, dimensions = info.dimensions,
+                "model loaded"),
+            ModelKind::CrossEncoder(info) => tracing::info!(model = %m.name,
+                path = %m.path.display(), device = plan.label(), kind = "cross-encoder",
+                architecture = %info.architecture, max_length = info.max_length,
+                "model loaded"),
+        }
+        engines.push((m.clone(), engine));
+    }
+    if engines.is_empty() {
+        return Err(RuntimeError::Config(format!(
+            "no declared model serves the {} lane ({}): add it to a model's lanes or turn the lane off",
+            if plan.gpu.is_some() { "gpu" } else { "cpu" },
+            plan.label()
+        )));
+    }
+    let budget = match &plan.gpu {
+        Some(g) => Some(card_budget(settings, g, &engines, metrics.clone(), true)?),
+        None => None,
+    };
+    let model_queues: Vec<&str> = engines
+        .iter()
+        .filter(|(m, _)| m.model_queue)
+        .map(|(m, _)| m.name.as_str())
+        .collect();
+    let lanes = plan.lanes(&model_queues);
+    let activities = DeviceActivities::new(
+        ModelSet::new(engines.iter().map(|(_, e)| e.clone()).collect()),
+        plan.device_info(),
+        plan.host_queue.clone(),
+        settings.limits,
+    )
+    .with_fault_hooks(settings.test_faults);
+    Ok(DeviceSetup {
+        plan,
+        engines,
+        activities,
+        budget,
+        lanes,
+    })
+}
+
+/// The admission budget of one card: per-task estimates from each model's cost formula
+/// (or its override), the headroom, the cap, and for simulated cards (or when nothing is
+/// loaded on the card, as in `gpulane admission`) the weights NVML would show as used.
+pub(crate) fn card_budget(
+    settings: &Settings,
+    gpu: &GpuDevice,
+    engines: &[(ModelSpec, Engine)],
+    metrics: Arc<Metrics>,
+    weights_on_card: bool,
+) -> Result<Arc<CardBudget>, RuntimeError> {
+    // Simulated cards compute on the CPU in f32; real cards in the model's dtype.
+    let dtype_bytes = |spec: &ModelSpec| {
+        if gpu.simulated {
+            4
+        } else {
+            spec.dtype.size_in_bytes() as u64
+        }
+    };
+    for (name, _) in &settings.vram_costs {
+        if !engines.iter().any(|(s, _)| &s.name == name) {
+            return Err(RuntimeError::Config(format!(
+                "--vram-cost names {name:?}, which is not a served model ({:?})",
+                engines.iter().map(|(s, _)| &s.name).collect::<Vec<_>>()
+            )));
+        }
+    }
+    let cost = |(spec, engine): &(ModelSpec, Engine)| {
+        settings
+            .vram_costs
+            .iter()
+            .find(|(n, _)| *n == spec.name)
+            .map(|(_, b)| *b)
+            .or(spec.vram_cost)
+            .unwrap_or_else(|| engine.kind().working_bytes(dtype_bytes(spec)))
+    };
+    // Each activity costs what its costliest model of the right kind costs; the model a
+    // task will use is only known once its input is read.
+    let max_cost = |want: fn(&ModelKind) -> bool| {
+        engines
+            .iter()
+            .filter(|(_, e)| want(e.kind()))
+            .map(cost)
+            .max()
+            .unwrap_or(0)
+    };
+    let embed_cost = max_cost(|k| matches!(k, ModelKind::Embedder(_)));
+    let rerank_cost = max_cost(|k| matches!(k, ModelKind::CrossEncoder(_)));
+    let resident: u64 = engines
+        .iter()
+        .map(|(s, e)| e.kind().weight_bytes(dtype_bytes(s)))
+        .sum();
+    let headroom = settings.headroom.bytes(gpu.total_memory);
+    tracing::info!(gpu_uuid = %gpu.uuid, embed_bytes = embed_cost, rerank_bytes = rerank_cost,
+        resident_bytes = resident, headroom_bytes = headroom,
+        cap = settings.max_concurrent_per_card, "card admission budget");
+    let estimates = [
+        (activity::EMBED.to_owned(), embed_cost),
+        (activity::RERANK.to_owned(), rerank_cost),
+    ]
+    .into_iter()
+    .collect();
+    Ok(CardBudget::new(
+        &gpu.uuid,
+        gpu.total_memory,
+        BudgetOptions {
+            headroom,
+            cap: settings.max_concurrent_per_card,
+            // NVML sees weights once they are loaded on a real card; simulated cards
+            // and `gpulane admission` (which loads nothing on the card) must count them.
+            unseen_resident: if gpu.simulated || !weights_on_card {
+                resident
+            } else {
+                0
+            },
+            estimates,
+        },
+        metrics,
+    ))
+}
