@@ -168,7 +168,7 @@ WORKER_PID=""
 start_gpulane() {
   local label=$1 log="$LOGS/gpulane-$1.log" i; shift
   : > "$log"
-  TEMPORAL_ADDRESS=$ADDRESS GPULANE_HOST=bench GPULANE_METRICS_ADDRESS=127.0.0.1:0 RUST_LOG=info \
+  TEMPORAL_ADDRESS=$ADDRESS GPULANE_HOST=bench GPULANE_METRICS_ADDRESS=127.0.0.1:0 GPULANE_ADMIN_ADDRESS=127.0.0.1:0 RUST_LOG=info \
     RAYON_NUM_THREADS=$THREADS "$BIN" run --model "$MODEL" --gpus none --cpu-lane on "$@" > "$log" 2>&1 &
   WORKER_PID=$!; PIDS+=("$WORKER_PID")
   for i in $(seq 1200); do

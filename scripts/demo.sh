@@ -27,3 +27,5 @@ until grep -qs "gpulane ready" "$work/gpulane.log"; do
 done
 grep "gpulane ready" "$work/gpulane.log"
 .venv/bin/python examples/embed_once.py "GPUs admit work only when VRAM is free." "Temporal keeps the rest queued."
+# What an operator sees: the lanes, their backlog in Temporal, the engines.
+target/release/gpulane status

@@ -90,14 +90,23 @@ impl ActivityError {
     }
 
     /// How long Temporal should wait before the next attempt, where the error asks for a
-    /// delay of its own: a model not served here waits longer with each attempt (1 s per
-    /// attempt, at most a minute), so a task on a shared queue whose model no worker
-    /// serves (a typo) does not spin. `None` leaves the workflow's retry policy in charge.
+    /// delay of its own: a model not served here waits longer with each attempt (about
+    /// 1 s per attempt, at most about a minute), so a task on a shared queue whose model
+    /// no worker serves (a typo) does not spin. The delay is jittered by ±50%: with fixed
+    /// delays, two workers that each hold the other's model bounced two tasks in lockstep,
+    /// each always reaching the wrong worker (seen 15 times in a row).
+    /// `None` leaves the workflow's retry policy in charge.
     pub fn retry_delay(&self, attempt: u32) -> Option<std::time::Duration> {
         match self {
-            ActivityError::ModelNotServed { .. } => Some(std::time::Duration::from_secs(
-                u64::from(attempt.clamp(1, 60)),
-            )),
+            ActivityError::ModelNotServed { .. } => {
+                use std::hash::BuildHasher;
+                // A random factor in [0.5, 1.5) from the process's random hash keys; no
+                // need for a generator crate for one number per bounced task.
+                let bits = std::collections::hash_map::RandomState::new().hash_one(attempt);
+                let factor = 0.5 + (bits >> 11) as f64 / (1u64 << 53) as f64;
+                let base = f64::from(attempt.clamp(1, 60));
+                Some(std::time::Duration::from_secs_f64(base * factor))
+            }
             _ => None,
         }
     }

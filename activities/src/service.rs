@@ -114,10 +114,8 @@ impl ModelSet {
                 name: shown,
                 known: self.names(),
                 queue: queue.clone(),
-                model_queue: named.map_or_else(
-                    || format!("{queue}@<model>"),
-                    |n| model_queue(queue, n),
-                ),
+                model_queue: named
+                    .map_or_else(|| format!("{queue}@<model>"), |n| model_queue(queue, n)),
             },
             Route::Model { .. } | Route::Private => ActivityError::UnknownModel {
                 name: shown,
@@ -233,55 +231,63 @@ impl DeviceActivities {
         progress: &Progress,
     ) -> Ran {
         let limits = &self.inner.limits;
-        let (engine, result) = match activity_type {
-            activity::EMBED => match parse_embed(input, limits).and_then(|req| {
-                let engine = self
-                    .inner
-                    .models
-                    .get(req.model.as_deref(), Need::Embedder, route)?;
-                Ok((req, engine))
-            }) {
-                Err(e) => (None, Err(e)),
-                Ok((req, engine)) => (
-                    Some(engine),
-                    self.embed_on(engine, req, progress)
-                        .await
-                        .and_then(|out| {
-                            let json = serde_json::to_vec(&out)
-                                .expect("embed response serializes; this is a bug");
-                            self.check_size(json, "send fewer texts per call, ask for \"encoding\": \"base64\" (about 3x smaller), or fewer \"dimensions\"")
-                        }),
-                ),
-            },
-            activity::RERANK => match parse_rerank(input, limits).and_then(|req| {
-                let engine =
-                    self.inner
-                        .models
-                        .get(req.model.as_deref(), Need::CrossEncoder, route)?;
-                Ok((req, engine))
-            }) {
-                Err(e) => (None, Err(e)),
-                Ok((req, engine)) => (
-                    Some(engine),
-                    self.rerank_on(engine, req, progress)
-                        .await
-                        .and_then(|out| {
-                            let json = serde_json::to_vec(&out)
-                                .expect("rerank response serializes; this is a bug");
-                            self.check_size(json, "send fewer documents per call, set \"top_n\", or leave \"return_documents\" off")
-                        }),
-                ),
-            },
-            other => (
-                None,
-                Err(ActivityError::UnknownActivity {
+        let models = &self.inner.models;
+        match activity_type {
+            activity::EMBED => {
+                let picked = parse_embed(input, limits).and_then(|req| {
+                    let engine = models.get(req.model.as_deref(), Need::Embedder, route)?;
+                    Ok((req, engine))
+                });
+                self.finish(picked, |engine, req| self.embed_on(engine, req, progress),
+                    "send fewer texts per call, ask for \"encoding\": \"base64\" (about 3x smaller), or fewer \"dimensions\"")
+                    .await
+            }
+            activity::RERANK => {
+                let picked = parse_rerank(input, limits).and_then(|req| {
+                    let engine = models.get(req.model.as_deref(), Need::CrossEncoder, route)?;
+                    Ok((req, engine))
+                });
+                self.finish(picked, |engine, req| self.rerank_on(engine, req, progress),
+                    "send fewer documents per call, set \"top_n\", or leave \"return_documents\" off")
+                    .await
+            }
+            other => Ran {
+                model: None,
+                result: Err(ActivityError::UnknownActivity {
                     name: quote(other),
                     known: Self::activity_types(),
                 }),
-            ),
+            },
+        }
+    }
+
+    /// Runs a parsed request on its engine and measures its JSON; `fix` says how to
+    /// shrink a result over the limit.
+    async fn finish<'a, Req, Out, Fut>(
+        &self,
+        picked: Result<(Req, &'a Engine), ActivityError>,
+        run: impl FnOnce(&'a Engine, Req) -> Fut,
+        fix: &'static str,
+    ) -> Ran
+    where
+        Out: serde::Serialize,
+        Fut: std::future::Future<Output = Result<Out, ActivityError>>,
+    {
+        let (req, engine) = match picked {
+            Ok(p) => p,
+            Err(e) => {
+                return Ran {
+                    model: None,
+                    result: Err(e),
+                }
+            }
         };
+        let result = run(engine, req).await.and_then(|out| {
+            let json = serde_json::to_vec(&out).expect("results serialize; this is a bug");
+            self.check_size(json, fix)
+        });
         Ran {
-            model: engine.map(|e| e.name().to_owned()),
+            model: Some(engine.name().to_owned()),
             result,
         }
     }
@@ -365,7 +371,10 @@ impl DeviceActivities {
         if self.inner.fault_hooks {
             match req.texts.first().map(String::as_str) {
                 Some(FAULT_ENGINE_PANIC) => {
-                    tracing::warn!(model = engine.name(), "test fault hook: killing the engine thread");
+                    tracing::warn!(
+                        model = engine.name(),
+                        "test fault hook: killing the engine thread"
+                    );
                     engine.inject_panic();
                 }
                 Some(FAULT_ACTIVITY_PANIC) => {

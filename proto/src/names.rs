@@ -137,7 +137,15 @@ mod tests {
             assert!(valid_model_name(ok), "{ok}");
         }
         let long = "m".repeat(MODEL_NAME_MAX + 1);
-        for bad in ["", "a b", "org/name", "x\n", "q\"uote", "a@b", long.as_str()] {
+        for bad in [
+            "",
+            "a b",
+            "org/name",
+            "x\n",
+            "q\"uote",
+            "a@b",
+            long.as_str(),
+        ] {
             assert!(!valid_model_name(bad), "{bad:?}");
         }
     }

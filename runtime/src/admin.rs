@@ -55,7 +55,10 @@ async fn backlog(connection: &Connection, namespace: &str, queue: &str) -> Backl
     let r = match described {
         Err(_) => {
             return Backlog {
-                error: format!("DescribeTaskQueue took over {} s", DESCRIBE_TIMEOUT.as_secs()),
+                error: format!(
+                    "DescribeTaskQueue took over {} s",
+                    DESCRIBE_TIMEOUT.as_secs()
+                ),
                 ..Backlog::default()
             }
         }
@@ -121,12 +124,7 @@ impl Admin for Service {
     ) -> Result<Response<DrainResponse>, Status> {
         let device = request.into_inner().device;
         tracing::info!(%device, "admin: drain");
-        self.supervisor
-            .drain(device)
-            .await
-            .ok_or_else(gone)?
-            .map(Response::new)
-            .map_err(refused)
+        answer(self.supervisor.drain(device).await)
     }
 
     async fn resume(
@@ -135,13 +133,13 @@ impl Admin for Service {
     ) -> Result<Response<ResumeResponse>, Status> {
         let device = request.into_inner().device;
         tracing::info!(%device, "admin: resume");
-        self.supervisor
-            .resume(device)
-            .await
-            .ok_or_else(gone)?
-            .map(Response::new)
-            .map_err(refused)
+        answer(self.supervisor.resume(device).await)
     }
+}
+
+/// The supervisor's answer as a gRPC response: gone while it stops, refusals by kind.
+fn answer<R>(reply: Option<Result<R, AdminError>>) -> Result<Response<R>, Status> {
+    reply.ok_or_else(gone)?.map(Response::new).map_err(refused)
 }
 
 /// Starts the admin thread: `/metrics` and the probes on `http`, the admin API on
@@ -287,7 +285,8 @@ fn print_status(s: &StatusResponse) {
         let budget = d.budget.as_ref().map_or_else(String::new, |b| {
             format!(
                 "  free {}  reserved {}  permits {}/{}",
-                b.free_bytes.map_or_else(|| format!("? ({})", b.reading_error), gib),
+                b.free_bytes
+                    .map_or_else(|| format!("? ({})", b.reading_error), gib),
                 gib(b.reserved_bytes),
                 b.permits_out,
                 b.permit_cap

@@ -58,6 +58,9 @@ struct State {
     reserved: u64,
     outstanding: usize,
     estimates: HashMap<String, u64>,
+    /// Per active lane (by queue), the permits it holds for polls still waiting for a
+    /// task. Lanes not in the map (drained, stopped) are not waited for.
+    idle: HashMap<String, usize>,
 }
 
 /// A card's budget at one moment.
@@ -110,6 +113,7 @@ impl CardBudget {
                 reserved: 0,
                 outstanding: 0,
                 estimates,
+                idle: HashMap::new(),
             }),
             changed: Notify::new(),
             metrics,
@@ -192,20 +196,59 @@ impl CardBudget {
         Ok(slots.min(by_memory))
     }
 
-    fn try_admit(&self, cost: u64) -> Result<(), Blocked> {
+    /// A lane starts (or resumes) polling: until it holds an idle permit, no other lane
+    /// of the card takes a second one (see [`CardBudget::try_admit`]).
+    pub(crate) fn lane_active(&self, queue: &str, active: bool) {
+        let mut s = self.lock();
+        if active {
+            s.idle.entry(queue.to_owned()).or_insert(0);
+        } else {
+            s.idle.remove(queue);
+        }
+        drop(s);
+        self.changed.notify_waiters();
+    }
+
+    /// Grants a permit of `cost` bytes to `lane`'s next poll. Besides memory and the cap,
+    /// lanes take turns: a lane that already has a poll waiting gets another only if
+    /// room remains for one poll of every other active lane that has none. Otherwise
+    /// one lane's idle polls could hold every permit of a card that can take only a few
+    /// tasks, and the other lane (a pinned follow-up's private queue, or the shared one)
+    /// would wait a whole long poll, a minute, with the card idle.
+    fn try_admit(&self, lane: &str, cost: u64) -> Result<(), Blocked> {
         let mut s = self.lock();
         let free = *s.free.as_ref().map_err(|_| Blocked::NoReading)?;
-        if s.outstanding >= self.opts.cap {
+        let mine = s.idle.get(lane).copied().unwrap_or(0);
+        let starving = if mine == 0 {
+            0
+        } else {
+            s.idle
+                .iter()
+                .filter(|(q, n)| q.as_str() != lane && **n == 0)
+                .count()
+        };
+        if s.outstanding + 1 + starving > self.opts.cap {
             return Err(Blocked::Cap);
         }
         let available = self.available(&s, free);
-        if available < cost {
+        if available < cost.saturating_mul(1 + starving as u64) {
             return Err(Blocked::Memory);
         }
         s.reserved += cost;
         s.outstanding += 1;
+        if let Some(n) = s.idle.get_mut(lane) {
+            *n += 1;
+        }
         self.publish(&s);
         Ok(())
+    }
+
+    /// `lane`'s idle permit received a task, or ended without one.
+    fn poll_ended(&self, lane: &str) {
+        let mut s = self.lock();
+        if let Some(n) = s.idle.get_mut(lane) {
+            *n = n.saturating_sub(1);
+        }
     }
 
     fn adjust(&self, from: u64, to: u64) {
@@ -231,6 +274,12 @@ impl CardBudget {
     #[cfg(test)]
     pub(crate) fn reserved(&self) -> u64 {
         self.lock().reserved
+    }
+
+    /// Permits out.
+    #[cfg(test)]
+    pub(crate) fn outstanding(&self) -> usize {
+        self.lock().outstanding
     }
 
     /// The card's UUID.
@@ -297,8 +346,12 @@ pub(crate) async fn refresh(
     }
 }
 
-/// The bytes a permit holds, kept in the permit so release returns exactly them.
-struct Held(AtomicU64);
+/// What a permit holds, kept in the permit so release returns exactly that: its bytes,
+/// and whether it is still an idle poll's (no task yet).
+struct Held {
+    bytes: AtomicU64,
+    idle: std::sync::atomic::AtomicBool,
+}
 
 /// One lane's slot supplier, drawing on its card's [`CardBudget`].
 pub(crate) struct LaneSlots {
@@ -321,7 +374,10 @@ impl LaneSlots {
         self.budget
             .metrics
             .permit_issued(&self.budget.uuid, &self.queue);
-        SlotSupplierPermit::with_user_data(Held(AtomicU64::new(cost)))
+        SlotSupplierPermit::with_user_data(Held {
+            bytes: AtomicU64::new(cost),
+            idle: std::sync::atomic::AtomicBool::new(true),
+        })
     }
 }
 
@@ -338,7 +394,7 @@ impl SlotSupplier for LaneSlots {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let cost = self.reservation_cost();
-            match self.budget.try_admit(cost) {
+            match self.budget.try_admit(&self.queue, cost) {
                 Ok(()) => {
                     if let Some(t) = waiting_since {
                         self.budget.metrics.memory_wait(
@@ -362,7 +418,10 @@ impl SlotSupplier for LaneSlots {
 
     fn try_reserve_slot(&self, _ctx: &dyn SlotReservationContext) -> Option<SlotSupplierPermit> {
         let cost = self.reservation_cost();
-        self.budget.try_admit(cost).ok().map(|()| self.grant(cost))
+        self.budget
+            .try_admit(&self.queue, cost)
+            .ok()
+            .map(|()| self.grant(cost))
     }
 
     fn mark_slot_used(&self, ctx: &dyn SlotMarkUsedContext<SlotKind = Self::SlotKind>) {
@@ -371,18 +430,22 @@ impl SlotSupplier for LaneSlots {
             .metrics
             .permit_used(&self.budget.uuid, &self.queue, activity);
         if let Some(held) = ctx.permit().user_data::<Held>() {
+            if held.idle.swap(false, Ordering::Relaxed) {
+                self.budget.poll_ended(&self.queue);
+            }
             let actual = self.budget.estimate(activity);
-            let before = held.0.swap(actual, Ordering::Relaxed);
+            let before = held.bytes.swap(actual, Ordering::Relaxed);
             self.budget.adjust(before, actual);
         }
     }
 
     fn release_slot(&self, ctx: &dyn SlotReleaseContext<SlotKind = Self::SlotKind>) {
-        let bytes = ctx
-            .permit()
-            .user_data::<Held>()
-            .map_or(0, |h| h.0.load(Ordering::Relaxed));
-        self.budget.release(bytes);
+        let held = ctx.permit().user_data::<Held>();
+        if held.is_some_and(|h| h.idle.swap(false, Ordering::Relaxed)) {
+            self.budget.poll_ended(&self.queue);
+        }
+        self.budget
+            .release(held.map_or(0, |h| h.bytes.load(Ordering::Relaxed)));
     }
 
     fn slot_supplier_kind(&self) -> String {
@@ -591,6 +654,69 @@ mod tests {
             .is_none());
         b.set_reading(Ok(8 * GIB));
         assert!(lane.try_reserve_slot(&Reserve).is_some());
+    }
+
+    fn used(lane: &LaneSlots, p: SlotSupplierPermit) -> Used {
+        let u = Used(
+            p,
+            ActivitySlotInfo {
+                activity_type: "embed".to_owned(),
+            },
+        );
+        lane.mark_slot_used(&u);
+        u
+    }
+
+    /// Regression: one lane's idle polls held every permit of a card with a small cap,
+    /// so the other lane (a pinned call's private queue) waited a whole long poll.
+    #[tokio::test(start_paused = true)]
+    async fn idle_polls_of_one_lane_never_starve_the_other_lane_of_the_card() {
+        let b = budget(2, 0);
+        b.set_reading(Ok(8 * GIB));
+        b.lane_active("gpu-tools", true);
+        b.lane_active("private", true);
+        let shared = b.lane("gpu-tools", &["cheap"]);
+        let private = b.lane("private", &["cheap"]);
+        // The shared lane starts first; its second poller must leave room for the
+        // private lane's first.
+        let s1 = shared.try_reserve_slot(&Reserve).expect("first poll");
+        assert!(
+            shared.try_reserve_slot(&Reserve).is_none(),
+            "would starve the private lane"
+        );
+        let p1 = private
+            .try_reserve_slot(&Reserve)
+            .expect("the private lane polls");
+        assert!(
+            private.try_reserve_slot(&Reserve).is_none(),
+            "the cap binds"
+        );
+        // A task arrives on the shared lane and ends: its permit goes back to a shared
+        // poll, not to the private lane's second poller.
+        let task = used(&shared, s1);
+        shared.release_slot(&Release(task.0, Some(task.1)));
+        assert!(
+            private.try_reserve_slot(&Reserve).is_none(),
+            "the shared lane has no poll"
+        );
+        let s2 = shared
+            .try_reserve_slot(&Reserve)
+            .expect("the shared lane polls again");
+        // An empty poll's permit returns too.
+        private.release_slot(&Release(p1, None));
+        let p2 = private
+            .try_reserve_slot(&Reserve)
+            .expect("the private lane polls again");
+        assert_eq!(b.outstanding(), 2);
+        // A drained lane is not waited for: once its poll ends, the shared lane may take
+        // both permits.
+        b.lane_active("private", false);
+        private.release_slot(&Release(p2, None));
+        let _s3 = shared
+            .try_reserve_slot(&Reserve)
+            .expect("no active lane is left without a poll");
+        assert!(shared.try_reserve_slot(&Reserve).is_none(), "the cap binds");
+        drop(s2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -21,9 +21,9 @@ use serde::Serialize;
 
 use crate::{
     config::{DeviceArgs, HubArgs, ModelArgs},
+    devices::GpuDevice,
     settings::DeviceSettings,
     startup::{inventory, resolve_models},
-    devices::GpuDevice,
     RuntimeError,
 };
 
@@ -344,14 +344,21 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
     };
     let targets = targets(
         &args.device,
-        || Ok(inventory(&DeviceSettings::from_args(&device_args)?)?.devices().to_vec()),
+        || {
+            Ok(inventory(&DeviceSettings::from_args(&device_args)?)?
+                .devices()
+                .to_vec())
+        },
         cfg!(feature = "cuda"),
     )?;
-    let spec = resolve_models(&ModelArgs {
-        models: vec![args.model.clone()],
-        models_file: None,
-        hub: args.hub.clone(),
-    }, false)
+    let spec = resolve_models(
+        &ModelArgs {
+            models: vec![args.model.clone()],
+            models_file: None,
+            hub: args.hub.clone(),
+        },
+        false,
+    )
     .await?
     .into_iter()
     .next()

@@ -150,9 +150,10 @@ impl Health {
             .engines
             .iter()
             .filter_map(|w| {
-                w.last.as_ref().err().map(|e| {
-                    format!("engine {} on {}: {e}", w.engine.name(), w.device)
-                })
+                w.last
+                    .as_ref()
+                    .err()
+                    .map(|e| format!("engine {} on {}: {e}", w.engine.name(), w.device))
             })
             .collect();
         problems.extend(
@@ -216,19 +217,16 @@ impl Health {
                 (i, verdict, engine.counters().totals().batches)
             });
             let checked = futures::future::join_all(probes).await;
-            let connected = match tokio::time::timeout(
-                CONNECT_TIMEOUT,
-                temporal::reachable(&connection),
-            )
-            .await
-            {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(format!("Temporal does not answer: {}", e.message())),
-                Err(_) => Err(format!(
-                    "Temporal does not answer within {} s",
-                    CONNECT_TIMEOUT.as_secs()
-                )),
-            };
+            let connected =
+                match tokio::time::timeout(CONNECT_TIMEOUT, temporal::reachable(&connection)).await
+                {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(format!("Temporal does not answer: {}", e.message())),
+                    Err(_) => Err(format!(
+                        "Temporal does not answer within {} s",
+                        CONNECT_TIMEOUT.as_secs()
+                    )),
+                };
             let mut s = self.lock();
             for (i, verdict, batches) in checked {
                 if let Some(w) = s.engines.get_mut(i) {

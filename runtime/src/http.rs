@@ -51,10 +51,7 @@ async fn readyz(State(p): State<Probes>) -> impl IntoResponse {
 }
 
 async fn not_found() -> impl IntoResponse {
-    (
-        StatusCode::NOT_FOUND,
-        "try /metrics, /healthz or /readyz\n",
-    )
+    (StatusCode::NOT_FOUND, "try /metrics, /healthz or /readyz\n")
 }
 
 /// Serves the probes and metrics on `listener` until the listener fails.
@@ -82,7 +79,9 @@ pub(crate) async fn serve(
             Err(e) => return Err(e),
         };
         let Ok(permit) = open.clone().try_acquire_owned() else {
-            tracing::debug!("metrics endpoint: {MAX_CONNECTIONS} connections open; closing a new one");
+            tracing::debug!(
+                "metrics endpoint: {MAX_CONNECTIONS} connections open; closing a new one"
+            );
             continue;
         };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
@@ -102,7 +101,10 @@ fn is_transient(e: &std::io::Error) -> bool {
     matches!(
         e.kind(),
         ConnectionAborted | ConnectionReset | Interrupted | WouldBlock | OutOfMemory
-    ) || matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
+    ) || matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
 }
 
 #[cfg(test)]
@@ -112,9 +114,11 @@ mod tests {
 
     async fn get(addr: std::net::SocketAddr, path: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
@@ -137,10 +141,16 @@ mod tests {
         assert!(m.starts_with("HTTP/1.1 200"), "{m}");
         assert!(m.contains("gpulane_ready 1"), "{m}");
         let r = get(addr, "/readyz").await;
-        assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("ready\n"), "{r}");
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.ends_with("ready\n"),
+            "{r}"
+        );
         health.set_draining(true);
         let r = get(addr, "/readyz").await;
-        assert!(r.starts_with("HTTP/1.1 503") && r.contains("draining"), "{r}");
+        assert!(
+            r.starts_with("HTTP/1.1 503") && r.contains("draining"),
+            "{r}"
+        );
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
     }

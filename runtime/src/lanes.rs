@@ -194,7 +194,12 @@ mod tests {
         let queues: Vec<&str> = lanes.iter().map(|l| l.queue.as_str()).collect();
         assert_eq!(
             queues,
-            vec!["gpu-tools", "gpu-tools@e5", "gpu-tools@bge", "gpu-tools.h1.gpu-sim-0"]
+            vec![
+                "gpu-tools",
+                "gpu-tools@e5",
+                "gpu-tools@bge",
+                "gpu-tools.h1.gpu-sim-0"
+            ]
         );
         assert_eq!(lanes[0].route, Route::Shared("gpu-tools".into()));
         assert_eq!(

@@ -1,7 +1,7 @@
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     // NVML numbers cards in PCI bus order; CUDA, by default, fastest first. Make CUDA agree
     // before anything can initialise it, so a card's CUDA ordinal and NVML index match.
     // No other thread exists yet, so changing the environment races with nothing.
@@ -15,11 +15,23 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = gpulane::Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?;
-    rt.block_on(gpulane::run_cli(cli))?;
-    Ok(())
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| {
+            rt.block_on(gpulane::run_cli(cli))
+                .map_err(anyhow::Error::from)
+        });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The error and its causes on one line, for people and log collectors; no
+            // backtrace: these are operational errors, not bugs.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 /// Stops glibc's malloc from handing every large activation buffer back to the kernel.

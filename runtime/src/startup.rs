@@ -32,13 +32,17 @@ pub(crate) async fn resolve_models(
 
 /// Loads `m` on the CPU with default options, as the listings and estimates need it.
 pub(crate) fn start_on_cpu(m: &ModelSpec) -> Result<Engine, RuntimeError> {
-    Engine::start(&m.name, &m.path, &EngineDevice::Cpu, EngineOptions::default()).map_err(
-        |source| RuntimeError::Model {
-            name: m.name.clone(),
-            device: "cpu".to_owned(),
-            source: Box::new(source),
-        },
+    Engine::start(
+        &m.name,
+        &m.path,
+        &EngineDevice::Cpu,
+        EngineOptions::default(),
     )
+    .map_err(|source| RuntimeError::Model {
+        name: m.name.clone(),
+        device: "cpu".to_owned(),
+        source: Box::new(source),
+    })
 }
 
 /// The machine's cards when NVML is missing: none.
@@ -170,10 +174,13 @@ pub(crate) fn load_device(
     let device = engine_device(&plan)?;
     let on_cpu = matches!(device, EngineDevice::Cpu);
     let mut engines = Vec::new();
-    for m in models
-        .iter()
-        .filter(|m| if plan.gpu.is_some() { m.on_gpu } else { m.on_cpu })
-    {
+    for m in models.iter().filter(|m| {
+        if plan.gpu.is_some() {
+            m.on_gpu
+        } else {
+            m.on_cpu
+        }
+    }) {
         let opts = EngineOptions {
             // The CPU (and simulated cards) always compute in f32.
             dtype: if on_cpu { DType::F32 } else { m.dtype },

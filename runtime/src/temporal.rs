@@ -4,9 +4,7 @@
 use std::time::Duration;
 
 use gpulane_activities::ActivityError;
-use temporalio_client::{
-    ClientTlsOptions, Connection, ConnectionOptions, TlsOptions,
-};
+use temporalio_client::{ClientTlsOptions, Connection, ConnectionOptions, TlsOptions};
 use temporalio_common::protos::{
     temporal::api::{
         common::v1::Payload,
@@ -155,9 +153,7 @@ pub(crate) fn failure(err: &ActivityError, attempt: u32) -> Failure {
             ApplicationFailureInfo {
                 r#type: err.failure_type().to_owned(),
                 non_retryable: !err.is_retryable(),
-                next_retry_delay: err
-                    .retry_delay(attempt)
-                    .and_then(|d| d.try_into().ok()),
+                next_retry_delay: err.retry_delay(attempt).and_then(|d| d.try_into().ok()),
                 ..Default::default()
             },
         )),
@@ -221,10 +217,18 @@ mod tests {
             };
             assert!(!info.non_retryable);
             assert_eq!(info.r#type, "ModelNotServed");
-            info.next_retry_delay.unwrap().seconds
+            let d = info.next_retry_delay.unwrap();
+            d.seconds as f64 + f64::from(d.nanos) * 1e-9
         };
-        assert_eq!(delay(1), 1);
-        assert_eq!(delay(5), 5);
-        assert_eq!(delay(500), 60);
+        // About a second per attempt, at most about a minute, jittered by ±50%.
+        for (attempt, base) in [(1, 1.0), (5, 5.0), (500, 60.0)] {
+            let d = delay(attempt);
+            assert!(d >= base * 0.5 && d < base * 1.5, "attempt {attempt}: {d}");
+        }
+        let spread: Vec<f64> = (0..20).map(|_| delay(10)).collect();
+        assert!(
+            spread.iter().any(|d| (d - spread[0]).abs() > 1e-3),
+            "no jitter: {spread:?}"
+        );
     }
 }

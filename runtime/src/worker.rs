@@ -88,7 +88,8 @@ pub(crate) async fn serve_lane(lane: Lane) -> Result<(), RuntimeError> {
                     device = %lane.activities.device().uuid.as_deref().unwrap_or("cpu"),
                 );
                 tokio::spawn(
-                    execute(lane.clone(), start, token, cancel_rx, running.clone()).instrument(span),
+                    execute(lane.clone(), start, token, cancel_rx, running.clone())
+                        .instrument(span),
                 );
             }
             Some(Variant::Cancel(cancel)) => {
@@ -142,11 +143,7 @@ impl Drop for Counted {
 }
 
 /// Runs the activity to its result, turning a panic into a retryable failure.
-async fn outcome(
-    lane: &Lane,
-    start: &Start,
-    progress: &Progress,
-) -> (Ran, Option<String>) {
+async fn outcome(lane: &Lane, start: &Start, progress: &Progress) -> (Ran, Option<String>) {
     let work = async {
         match input_json(&start.input) {
             Ok(input) => {
@@ -291,7 +288,10 @@ mod tests {
             Duration::from_secs(2)
         );
         // 1 ns halves to zero, which tokio's interval panics on.
-        assert_eq!(heartbeat_interval(Some(Duration::from_nanos(1))), MIN_HEARTBEAT);
+        assert_eq!(
+            heartbeat_interval(Some(Duration::from_nanos(1))),
+            MIN_HEARTBEAT
+        );
         assert_eq!(heartbeat_interval(Some(Duration::ZERO)), DEFAULT_HEARTBEAT);
     }
 

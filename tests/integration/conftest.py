@@ -79,19 +79,59 @@ class Gpulane:
         self.proc = proc
         self.log_path = log_path
         self.host = host
+        # What the fixture expects the process to exit with when the test is done (after
+        # a SIGTERM if it still runs); None when the test checks it itself.
+        self.expected_exit = 0
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def metrics(self) -> str:
-        """The worker's /metrics text (the port is picked at start and logged)."""
+    def http_address(self) -> str:
+        """host:port of /metrics and the probes (picked at start and logged)."""
         import re
-        import urllib.request
 
         m = re.search(r"metrics and health on http://([0-9.:]+)/metrics", self.log())
         assert m, "no metrics address in the log"
-        with urllib.request.urlopen(f"http://{m.group(1)}/metrics", timeout=5) as r:
-            return r.read().decode()
+        return m.group(1)
+
+    def admin_address(self) -> str:
+        """host:port of the admin API (picked at start and logged)."""
+        import re
+
+        m = re.search(r"admin API on ([0-9.:]+) ", self.log())
+        assert m, "no admin address in the log"
+        return m.group(1)
+
+    def get(self, path: str) -> tuple:
+        """(status, body) of GET path on the probes' port."""
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://{self.http_address()}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metrics(self) -> str:
+        """The worker's /metrics text."""
+        status, body = self.get("/metrics")
+        assert status == 200, (status, body)
+        return body
+
+    def cli(self, *args, check=True) -> subprocess.CompletedProcess:
+        """`gpulane ARGS --admin-address <this worker's>`, as an operator runs it."""
+        out = subprocess.run(
+            [str(BIN), *args, "--admin-address", self.admin_address()],
+            capture_output=True, text=True, timeout=60,
+        )
+        if check:
+            assert out.returncode == 0, (args, out.returncode, out.stdout, out.stderr)
+        return out
+
+    def status(self, *extra) -> dict:
+        """`gpulane status --json` of this worker."""
+        return json.loads(self.cli("status", "--json", *extra).stdout)
 
 
 @pytest.fixture
@@ -109,6 +149,9 @@ def gpulane(temporal_address, tmp_path):
             "GPULANE_HOST": host,
             "RUST_LOG": "info",
             "GPULANE_METRICS_ADDRESS": "127.0.0.1:0",
+            "GPULANE_ADMIN_ADDRESS": "127.0.0.1:0",
+            # Short, so every test's stop stays quick; drain tests set their own.
+            "GPULANE_DRAIN_PRIVATE_SECS": "1",
             **(env or {}),
         }
         proc = subprocess.Popen(
@@ -126,14 +169,20 @@ def gpulane(temporal_address, tmp_path):
         return g
 
     yield start
+    exits = []
     for g in started:
         if g.proc.poll() is None:
             g.proc.send_signal(signal.SIGTERM)
         try:
-            g.proc.wait(30)
+            g.proc.wait(60)
         except subprocess.TimeoutExpired:
             g.proc.kill()
             g.proc.wait()
+        exits.append((g, g.proc.returncode))
+    # A worker told to stop drains and exits 0; anything else is a defect the test missed.
+    for g, code in exits:
+        if g.expected_exit is not None:
+            assert code == g.expected_exit, f"gpulane exited {code}, expected {g.expected_exit}:\n{g.log()[-4000:]}"
 
 
 def cosine_and_max_abs(a, b):

@@ -72,5 +72,5 @@ def test_full_card_leaves_tasks_scheduled_as_backlog_until_memory_frees(temporal
     for r in results:
         assert r["device"]["uuid"] == "GPU-SIM-0" and len(r["embeddings"]) == 1
     text = g.metrics()
-    assert 'gpulane_permits_used_total{gpu_uuid="GPU-SIM-0",task_queue="gpu-tools",activity_type="embed"} 5' in text, text
+    assert 'gpulane_permits_used_total{activity_type="embed",gpu_uuid="GPU-SIM-0",task_queue="gpu-tools"} 5' in text, text
     assert "gpulane_memory_wait_seconds_total" in text

@@ -56,15 +56,35 @@ def test_four_named_models_serve_embed_and_rerank_by_name(temporal_address, gpul
     assert default["model"] == "bert-rerank"
 
 
+def call_once(address, activity, queue, payload, **options):
+    """One attempt (TryOnce): the result, or how it failed and whether it is retryable."""
+
+    async def go():
+        async with workflow_env(address) as (client, wf_queue):
+            return await client.execute_workflow(
+                "TryOnce", args=[activity, queue, payload, options], id=f"once-{uuid.uuid4()}",
+                task_queue=wf_queue, execution_timeout=timedelta(seconds=120),
+            )
+
+    return asyncio.run(go())
+
+
 def test_unknown_or_wrong_kind_model_is_refused_with_the_served_names(temporal_address, gpulane):
-    gpulane(
+    g = gpulane(
         "--gpus", "none",
         "--model", f"bert-cls={FIXTURES / 'tiny-bert-cls'}",
         "--model", f"bert-rerank={FIXTURES / 'tiny-cross-encoder'}",
     )
-    err = call(temporal_address, "rerank", "cpu-tools", {"query": "q", "documents": ["d"], "model": "nope"})["error"]
+    # On the worker's own queue no other worker could serve it: refused for good.
+    private = f"cpu-tools.{g.host}"
+    err = call(temporal_address, "rerank", private, {"query": "q", "documents": ["d"], "model": "nope"})["error"]
     assert err["type"] == "UnknownModel" and err["non_retryable"], err
     assert "bert-cls" in err["message"] and "bert-rerank" in err["message"], err
+    # On the shared queue another worker may serve it: handed back, retryably, and the
+    # message names the model queue that reaches only workers that serve it.
+    err = call_once(temporal_address, "rerank", "cpu-tools", {"query": "q", "documents": ["d"], "model": "nope"})["error"]
+    assert err["type"] == "ModelNotServed" and err["non_retryable"] is False, err
+    assert "cpu-tools@nope" in err["message"] and "bert-rerank" in err["message"], err
     err = call(temporal_address, "rerank", "cpu-tools", {"query": "q", "documents": ["d"], "model": "bert-cls"})["error"]
     assert err["type"] == "InvalidInput" and "cross-encoder" in err["message"] and "bert-rerank" in err["message"], err
     err = call(temporal_address, "rerank", "cpu-tools", {"query": "q", "documents": [], "model": "bert-rerank"})["error"]

@@ -109,4 +109,32 @@ class CancelAfter:
             return type(e.cause).__name__
 
 
-ALL = [EmbedOn, PinnedPair, BadThenGood, Try, CancelAfter]
+@workflow.defn
+class TryOnce:
+    """Runs any activity exactly once, with optional timeouts, and reports its result or
+    how it failed (retryable or not), instead of failing the workflow."""
+
+    @workflow.run
+    async def run(self, activity: str, queue: str, payload: Any, options: dict) -> dict:
+        heartbeat = options.get("heartbeat_timeout_us")
+        start = options.get("schedule_to_start_s")
+        try:
+            out = await workflow.execute_activity(
+                activity, payload, task_queue=queue,
+                start_to_close_timeout=timedelta(seconds=options.get("start_to_close_s", 60)),
+                heartbeat_timeout=timedelta(microseconds=heartbeat) if heartbeat else None,
+                schedule_to_start_timeout=timedelta(seconds=start) if start else None,
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
+            return {"ok": out}
+        except ActivityError as e:
+            cause = e.cause
+            return {"error": {
+                "kind": type(cause).__name__,
+                "type": getattr(cause, "type", None),
+                "message": getattr(cause, "message", str(cause)),
+                "non_retryable": getattr(cause, "non_retryable", None),
+            }}
+
+
+ALL = [EmbedOn, PinnedPair, BadThenGood, Try, CancelAfter, TryOnce]

@@ -21,15 +21,14 @@ use std::{
 };
 
 use prometheus::{
-    core::Collector, proto::MetricFamily, Gauge, GaugeVec, Histogram, HistogramOpts,
-    HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    core::Collector, proto::MetricFamily, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec,
+    IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
 };
 use temporalio_common::telemetry::metrics::{
-    default_buckets_for, CoreMeter, Counter, CounterBase, Gauge as CoreGauge, GaugeBase,
-    GaugeF64, GaugeF64Base, Histogram as CoreHistogram, HistogramBase, HistogramDuration,
-    HistogramDurationBase, HistogramF64, HistogramF64Base, MetricAttributable,
-    MetricAttributes, MetricParameters, NewAttributes, OrderedPromLabelSet, UpDownCounter,
-    UpDownCounterBase,
+    default_buckets_for, CoreMeter, Counter, CounterBase, Gauge as CoreGauge, GaugeBase, GaugeF64,
+    GaugeF64Base, Histogram as CoreHistogram, HistogramBase, HistogramDuration,
+    HistogramDurationBase, HistogramF64, HistogramF64Base, MetricAttributable, MetricAttributes,
+    MetricParameters, NewAttributes, OrderedPromLabelSet, UpDownCounter, UpDownCounterBase,
 };
 
 /// Longest label value kept from core; its values are queue names and status words.
@@ -182,9 +181,7 @@ impl Instrument {
                 };
                 let f = match self.kind {
                     Kind::Counter => Family::Counter(IntCounterVec::new(opts, &key_refs)?),
-                    Kind::Gauge | Kind::UpDown => {
-                        Family::Gauge(IntGaugeVec::new(opts, &key_refs)?)
-                    }
+                    Kind::Gauge | Kind::UpDown => Family::Gauge(IntGaugeVec::new(opts, &key_refs)?),
                     Kind::FloatGauge => Family::FloatGauge(GaugeVec::new(opts, &key_refs)?),
                     Kind::Histogram => {
                         Family::Histogram(HistogramVec::new(buckets(false), &key_refs)?)
@@ -380,14 +377,17 @@ mod tests {
         assert!(text.contains(
             "temporal_activity_schedule_to_start_latency_sum{activity_type=\"embed\",task_queue=\"gpu-tools\"} 0.25"
         ), "{text}");
-        assert!(text.contains(
-            "temporal_activity_poll_no_task{task_queue=\"gpu-tools\"} 2"
-        ), "{text}");
-        assert!(text.contains(
-            "temporal_activity_poll_no_task{task_queue=\"cpu-tools\",x=\"y\"} 1"
-        ), "{text}");
+        assert!(
+            text.contains("temporal_activity_poll_no_task{task_queue=\"gpu-tools\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("temporal_activity_poll_no_task{task_queue=\"cpu-tools\",x=\"y\"} 1"),
+            "{text}"
+        );
         assert_eq!(
-            text.matches("# TYPE temporal_activity_poll_no_task ").count(),
+            text.matches("# TYPE temporal_activity_poll_no_task ")
+                .count(),
             1,
             "{text}"
         );
@@ -402,9 +402,10 @@ mod tests {
             c.add(1, &attrs(&b, &[("activity_type", t.as_str())]));
         }
         let text = render(&b);
-        assert!(text.contains(
-            "temporal_activity_execution_failed{activity_type=\"other\"} 300"
-        ), "{text}");
+        assert!(
+            text.contains("temporal_activity_execution_failed{activity_type=\"other\"} 300"),
+            "{text}"
+        );
         assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 1);
     }
 }

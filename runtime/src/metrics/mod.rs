@@ -15,8 +15,8 @@ use std::{sync::Arc, time::Duration};
 use gpulane_models::BatchObserver;
 use gpulane_proto::activity;
 use prometheus::{
-    core::Collector, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec,
-    IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    core::Collector, Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub(crate) use self::core::CoreBridge;
@@ -110,7 +110,10 @@ impl Default for Metrics {
     fn default() -> Self {
         let r = Registry::new();
         let gauge = |name, help, labels: &[&str]| {
-            register(&r, GaugeVec::new(opts(name, help), labels).expect("valid gauge"))
+            register(
+                &r,
+                GaugeVec::new(opts(name, help), labels).expect("valid gauge"),
+            )
         };
         let int_gauge = |name, help, labels: &[&str]| {
             register(
@@ -133,8 +136,7 @@ impl Default for Metrics {
         let histo = |name, help, buckets, labels: &[&str]| {
             register(
                 &r,
-                HistogramVec::new(histogram(name, help, buckets), labels)
-                    .expect("valid histogram"),
+                HistogramVec::new(histogram(name, help, buckets), labels).expect("valid histogram"),
             )
         };
         let engine = [DEVICE, MODEL];

@@ -88,8 +88,11 @@ impl Supervisor {
 
     /// Stops the device's shared and model lanes and opens its private lane's window.
     fn drain_device(&mut self, d: usize) {
-        tracing::info!(device = self.devices[d].id(),
-            private_window_s = self.settings.drain_private.as_secs_f64(), "draining");
+        tracing::info!(
+            device = self.devices[d].id(),
+            private_window_s = self.settings.drain_private.as_secs_f64(),
+            "draining"
+        );
         for i in self.lanes_of(d, false) {
             self.stop_lane(i);
         }
@@ -221,7 +224,10 @@ impl Supervisor {
         self.add_device(setup);
         for i in first..self.lanes.len() {
             if let Err(e) = self.start_lane(i).await {
-                let why = format!("card {id} recovered but its lane {} did not start: {e}", self.lanes[i].queue);
+                let why = format!(
+                    "card {id} recovered but its lane {} did not start: {e}",
+                    self.lanes[i].queue
+                );
                 tracing::error!(reason = %why, "failure");
                 self.lanes[i].state = LaneState::Failed(e.to_string());
                 self.fail(why);

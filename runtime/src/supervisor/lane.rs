@@ -85,18 +85,24 @@ pub(super) struct WorkerDeps<'a> {
 impl LaneRt {
     /// Creates and validates a worker for the lane, and spawns its task loop; the loop's
     /// end (and the worker's final shutdown) is reported as [`Event::LaneEnded`].
-    pub(super) async fn start(&mut self, index: usize, d: WorkerDeps<'_>) -> Result<(), RuntimeError> {
+    pub(super) async fn start(
+        &mut self,
+        index: usize,
+        d: WorkerDeps<'_>,
+    ) -> Result<(), RuntimeError> {
         let queue = self.queue.clone();
-        let worker_error = |source: Box<dyn std::error::Error + Send + Sync>| RuntimeError::Worker {
-            queue: queue.clone(),
-            source,
-        };
+        let worker_error =
+            |source: Box<dyn std::error::Error + Send + Sync>| RuntimeError::Worker {
+                queue: queue.clone(),
+                source,
+            };
         let tuner: Arc<dyn WorkerTuner + Send + Sync> = match d.budget {
             Some(b) => Arc::new(
                 TunerHolderOptions::builder()
-                    .activity_slot_options(SlotSupplierOptions::Custom(Arc::new(
-                        b.lane(&self.queue, &gpulane_activities::DeviceActivities::activity_types()),
-                    )))
+                    .activity_slot_options(SlotSupplierOptions::Custom(Arc::new(b.lane(
+                        &self.queue,
+                        &gpulane_activities::DeviceActivities::activity_types(),
+                    ))))
                     .build_tuner_holder()
                     .map_err(|e| worker_error(e.into()))?,
             ),
@@ -132,8 +138,11 @@ impl LaneRt {
         self.generation += 1;
         self.worker = Arc::downgrade(&worker);
         self.state = LaneState::Polling;
-        d.metrics
-            .lane_polling(&self.queue, d.activities.device().uuid.as_deref().unwrap_or("cpu"), true);
+        d.metrics.lane_polling(
+            &self.queue,
+            d.activities.device().uuid.as_deref().unwrap_or("cpu"),
+            true,
+        );
         let lane = Lane {
             worker: worker.clone(),
             activities: d.activities.clone(),

@@ -63,17 +63,26 @@ pub(crate) enum Event {
         result: Result<(), String>,
     },
     /// A draining device's private-lane window is over.
-    WindowOver { device: usize, generation: u64 },
+    WindowOver {
+        device: usize,
+        generation: u64,
+    },
     /// SIGTERM or SIGINT (the first one; a second exits at once).
     Signal(&'static str),
     /// An engine thread ended.
-    EngineDied { device: usize, model: String },
+    EngineDied {
+        device: usize,
+        model: String,
+    },
     /// Something that must run for the life of the process ended.
     Died(String),
     /// A card that could not be read at start is ready to serve.
     CardReady(Box<DeviceSetup>),
     /// A card that could not be read at start still cannot be.
-    CardStillBroken { uuid: String, error: String },
+    CardStillBroken {
+        uuid: String,
+        error: String,
+    },
 }
 
 /// Why an admin request was refused; nothing changed.
@@ -279,12 +288,18 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     )?;
     sup.guard(
         "the card memory refresh",
+        true,
         refresh(sup.cards.clone(), inv.clone(), settings.memory_refresh),
     );
-    sup.guard("the health checks", health.clone().run_checks(connection));
+    sup.guard(
+        "the health checks",
+        true,
+        health.clone().run_checks(connection),
+    );
     if !sup.broken.is_empty() {
         sup.guard(
             "the broken-card retry",
+            false,
             retry_cards(
                 sup.broken.clone(),
                 inv.clone(),
@@ -340,8 +355,11 @@ fn spawn_signals(events: mpsc::UnboundedSender<Event>) {
             };
             seen += 1;
             if seen > 1 {
-                tracing::warn!(signal = name, "second stop signal: exiting now; running \
-                    activities are abandoned and Temporal retries them after their timeouts");
+                tracing::warn!(
+                    signal = name,
+                    "second stop signal: exiting now; running \
+                    activities are abandoned and Temporal retries them after their timeouts"
+                );
                 std::process::exit(1);
             }
             let _ = events.send(Event::Signal(name));
@@ -386,8 +404,12 @@ async fn retry_cards(
                 Err(e) => Err(e.to_string()),
                 Ok(g) => {
                     card.plan.gpu = Some(g);
-                    let (plan, models, settings, metrics) =
-                        (card.plan.clone(), models.clone(), settings.clone(), metrics.clone());
+                    let (plan, models, settings, metrics) = (
+                        card.plan.clone(),
+                        models.clone(),
+                        settings.clone(),
+                        metrics.clone(),
+                    );
                     tokio::task::spawn_blocking(move || {
                         load_device(plan, &models, &settings, &metrics)
                     })
@@ -415,16 +437,20 @@ async fn retry_cards(
 }
 
 impl Supervisor {
-    /// Spawns a task that must run for the life of the process; its end is a failure.
-    fn guard(&self, what: &'static str, task: impl std::future::Future<Output = ()> + Send + 'static) {
+    /// Spawns a background task whose panic is a failure, and whose end is one too when
+    /// it must run for the life of the process (`forever`).
+    fn guard(
+        &self,
+        what: &'static str,
+        forever: bool,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         let events = self.events.clone();
         tokio::spawn(async move {
             let why = match AssertUnwindSafe(task).catch_unwind().await {
+                Ok(()) if !forever => return,
                 Ok(()) => format!("{what} ended"),
-                Err(panic) => format!(
-                    "{what} panicked: {}",
-                    crate::worker::panic_message(&*panic)
-                ),
+                Err(panic) => format!("{what} panicked: {}", crate::worker::panic_message(&*panic)),
             };
             let _ = events.send(Event::Died(why));
         });
@@ -441,10 +467,18 @@ impl Supervisor {
             let model = engine.name().to_owned();
             tokio::spawn(async move {
                 life.ended().await;
-                let _ = events.send(Event::EngineDied { device: index, model });
+                let _ = events.send(Event::EngineDied {
+                    device: index,
+                    model,
+                });
             });
         }
         if let Some(b) = &setup.budget {
+            // Every lane of the card counts as active before the first one polls, so
+            // the first lane to start does not take every permit.
+            for l in &setup.lanes {
+                b.lane_active(&l.queue, true);
+            }
             self.health.watch_card(b.clone());
             self.cards
                 .lock()
@@ -484,14 +518,21 @@ impl Supervisor {
             cpu_tuner: &self.cpu_tuner,
             events: &self.events,
         };
+        if let Some(b) = &device.setup.budget {
+            b.lane_active(&self.lanes[i].queue, true);
+        }
         self.lanes[i].start(i, deps).await?;
         self.live += 1;
         Ok(())
     }
 
     fn stop_lane(&mut self, i: usize) {
-        let device = self.devices[self.lanes[i].device].id().to_owned();
-        self.lanes[i].stop(&self.metrics, &device);
+        let device = &self.devices[self.lanes[i].device];
+        if let Some(b) = &device.setup.budget {
+            b.lane_active(&self.lanes[i].queue, false);
+        }
+        let id = device.id().to_owned();
+        self.lanes[i].stop(&self.metrics, &id);
     }
 
     /// The lanes of `device`, optionally without its private one.
@@ -583,7 +624,10 @@ impl Supervisor {
             } => self.lane_ended(lane, generation, result),
             Event::WindowOver { device, generation } => self.window_over(device, generation),
             Event::Signal(name) => {
-                tracing::info!(signal = name, "stop requested: draining (a second signal exits at once)");
+                tracing::info!(
+                    signal = name,
+                    "stop requested: draining (a second signal exits at once)"
+                );
                 self.begin_stop(None);
             }
             Event::EngineDied { device, model } => {
