@@ -108,6 +108,8 @@ pub(crate) struct Request {
 /// runtime can keep metrics (rows per batch, time queued) without this crate knowing how
 /// they are exported. Implementations must be quick: they run between batches.
 pub trait BatchObserver: Send + Sync {
+    /// A forward pass begins.
+    fn started(&self) {}
     /// A forward pass of `rows` rows and `tokens` real tokens took `took` (also for failed
     /// passes).
     fn batch(&self, rows: usize, tokens: usize, took: Duration);
@@ -123,6 +125,10 @@ pub struct BatchCounters {
     rows: AtomicU64,
     tokens: AtomicU64,
     nanos: AtomicU64,
+    /// When the forward pass in progress began, in nanoseconds since `epoch`; 0 between
+    /// passes.
+    busy_since: AtomicU64,
+    epoch: std::sync::OnceLock<Instant>,
 }
 
 /// [`BatchCounters`] read at one moment.
@@ -139,7 +145,15 @@ pub struct BatchTotals {
 }
 
 impl BatchObserver for BatchCounters {
+    fn started(&self) {
+        let epoch = *self.epoch.get_or_init(Instant::now);
+        // Never 0, which means idle.
+        let since = (epoch.elapsed().as_nanos() as u64).max(1);
+        self.busy_since.store(since, Ordering::Relaxed);
+    }
+
     fn batch(&self, rows: usize, tokens: usize, took: Duration) {
+        self.busy_since.store(0, Ordering::Relaxed);
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.rows.fetch_add(rows as u64, Ordering::Relaxed);
         self.tokens.fetch_add(tokens as u64, Ordering::Relaxed);
@@ -151,6 +165,14 @@ impl BatchObserver for BatchCounters {
 }
 
 impl BatchCounters {
+    /// How long the forward pass in progress has run, or `None` between passes: a health
+    /// check tells a busy engine (one long batch) from a stuck one with it.
+    pub fn busy_for(&self) -> Option<Duration> {
+        let since = self.busy_since.load(Ordering::Relaxed);
+        let epoch = self.epoch.get()?;
+        (since != 0).then(|| epoch.elapsed().saturating_sub(Duration::from_nanos(since)))
+    }
+
     /// The totals so far.
     pub fn totals(&self) -> BatchTotals {
         BatchTotals {
@@ -290,6 +312,7 @@ fn run_round(
         }
         let inputs: Vec<&Row> = batch.iter().map(|&i| &rows[i].2).collect();
         let began = Instant::now();
+        observer.started();
         let result = model.forward(&inputs).map_err(ModelError::classify);
         let took = began.elapsed();
         let counted: Vec<usize> = batch
@@ -376,6 +399,18 @@ mod tests {
     use tokio::sync::oneshot::Receiver;
 
     use super::*;
+
+    #[test]
+    fn counters_tell_a_forward_pass_in_progress() {
+        let c = BatchCounters::default();
+        assert_eq!(c.busy_for(), None);
+        c.started();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(c.busy_for().is_some_and(|d| d >= Duration::from_millis(5)));
+        c.batch(2, 9, Duration::from_millis(5));
+        assert_eq!(c.busy_for(), None);
+        assert_eq!(c.totals().rows, 2);
+    }
 
     /// A model whose output for a row is `[first id, row length]`, which records the
     /// batches it saw (as lists of first ids), can drop a caller's reply receiver during

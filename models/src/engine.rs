@@ -80,6 +80,13 @@ struct Observers {
 }
 
 impl BatchObserver for Observers {
+    fn started(&self) {
+        self.counters.started();
+        if let Some(o) = &self.extra {
+            o.started();
+        }
+    }
+
     fn batch(&self, rows: usize, tokens: usize, took: Duration) {
         self.counters.batch(rows, tokens, took);
         if let Some(o) = &self.extra {

@@ -14,6 +14,7 @@ use gpulane_proto::admin::{
     StatusResponse,
 };
 use temporalio_client::Connection;
+use temporalio_common::protos::temporal::api::enums::v1::RateLimitSource;
 use tokio::sync::mpsc::UnboundedSender;
 use tonic::{Request, Response, Status};
 
@@ -72,8 +73,20 @@ async fn backlog(connection: &Connection, namespace: &str, queue: &str) -> Backl
     };
     let stats = r.stats.unwrap_or_default();
     let now = std::time::SystemTime::now();
+    let (rate_limit_per_second, rate_limit_source) =
+        r.effective_rate_limit.map_or((0.0, String::new()), |l| {
+            let source = match l.rate_limit_source() {
+                RateLimitSource::Api => "api",
+                RateLimitSource::Worker => "worker",
+                RateLimitSource::System => "system",
+                RateLimitSource::Unspecified => "",
+            };
+            (l.requests_per_second, source.to_owned())
+        });
     Backlog {
         error: String::new(),
+        rate_limit_per_second,
+        rate_limit_source,
         approximate_backlog_count: stats.approximate_backlog_count,
         approximate_backlog_age_seconds: stats
             .approximate_backlog_age
@@ -91,6 +104,12 @@ async fn backlog(connection: &Connection, namespace: &str, queue: &str) -> Backl
                     .map_or(0.0, |d| d.as_secs_f64()),
                 identity: p.identity,
                 rate_per_second: p.rate_per_second,
+                deployment_name: p
+                    .deployment_options
+                    .as_ref()
+                    .map(|d| d.deployment_name.clone())
+                    .unwrap_or_default(),
+                build_id: p.deployment_options.map(|d| d.build_id).unwrap_or_default(),
             })
             .collect(),
     }

@@ -58,9 +58,14 @@ struct State {
     reserved: u64,
     outstanding: usize,
     estimates: HashMap<String, u64>,
-    /// Per active lane (by queue), the permits it holds for polls still waiting for a
-    /// task. Lanes not in the map (drained, stopped) are not waited for.
-    idle: HashMap<String, usize>,
+    /// Per active lane supplier (one per lane worker), the permits it holds for polls
+    /// still waiting for a task. A stopped lane's supplier is removed, so it is not waited
+    /// for, and its late releases do not touch its successor's count.
+    idle: HashMap<u64, usize>,
+    /// Lanes announced but whose supplier does not exist yet (start-up): they count as
+    /// lanes without a poll, so the first lane to start does not take every permit.
+    expected: std::collections::HashSet<String>,
+    next_supplier: u64,
 }
 
 /// A card's budget at one moment.
@@ -114,6 +119,8 @@ impl CardBudget {
                 outstanding: 0,
                 estimates,
                 idle: HashMap::new(),
+                expected: Default::default(),
+                next_supplier: 0,
             }),
             changed: Notify::new(),
             metrics,
@@ -196,15 +203,17 @@ impl CardBudget {
         Ok(slots.min(by_memory))
     }
 
-    /// A lane starts (or resumes) polling: until it holds an idle permit, no other lane
-    /// of the card takes a second one (see [`CardBudget::try_admit`]).
-    pub(crate) fn lane_active(&self, queue: &str, active: bool) {
+    /// Announces a lane that is about to start: until it polls, no other lane of the
+    /// card takes a second idle permit (see [`CardBudget::try_admit`]).
+    pub(crate) fn expect_lane(&self, queue: &str) {
+        self.lock().expected.insert(queue.to_owned());
+    }
+
+    /// A lane's supplier stopped (its lane drains, or its worker did not start): its
+    /// lane is no longer waited for.
+    pub(crate) fn supplier_stopped(&self, supplier: u64) {
         let mut s = self.lock();
-        if active {
-            s.idle.entry(queue.to_owned()).or_insert(0);
-        } else {
-            s.idle.remove(queue);
-        }
+        s.idle.remove(&supplier);
         drop(s);
         self.changed.notify_waiters();
     }
@@ -215,17 +224,18 @@ impl CardBudget {
     /// one lane's idle polls could hold every permit of a card that can take only a few
     /// tasks, and the other lane (a pinned follow-up's private queue, or the shared one)
     /// would wait a whole long poll, a minute, with the card idle.
-    fn try_admit(&self, lane: &str, cost: u64) -> Result<(), Blocked> {
+    fn try_admit(&self, supplier: u64, cost: u64) -> Result<(), Blocked> {
         let mut s = self.lock();
         let free = *s.free.as_ref().map_err(|_| Blocked::NoReading)?;
-        let mine = s.idle.get(lane).copied().unwrap_or(0);
+        let mine = s.idle.get(&supplier).copied().unwrap_or(0);
         let starving = if mine == 0 {
             0
         } else {
-            s.idle
-                .iter()
-                .filter(|(q, n)| q.as_str() != lane && **n == 0)
-                .count()
+            s.expected.len()
+                + s.idle
+                    .iter()
+                    .filter(|(id, n)| **id != supplier && **n == 0)
+                    .count()
         };
         if s.outstanding + 1 + starving > self.opts.cap {
             return Err(Blocked::Cap);
@@ -236,19 +246,22 @@ impl CardBudget {
         }
         s.reserved += cost;
         s.outstanding += 1;
-        if let Some(n) = s.idle.get_mut(lane) {
+        if let Some(n) = s.idle.get_mut(&supplier) {
             *n += 1;
         }
         self.publish(&s);
         Ok(())
     }
 
-    /// `lane`'s idle permit received a task, or ended without one.
-    fn poll_ended(&self, lane: &str) {
+    /// An idle permit of `supplier` received a task, or ended without one. Wakes the
+    /// waiting lanes: the turn rule may now let one of them poll.
+    fn poll_ended(&self, supplier: u64) {
         let mut s = self.lock();
-        if let Some(n) = s.idle.get_mut(lane) {
+        if let Some(n) = s.idle.get_mut(&supplier) {
             *n = n.saturating_sub(1);
         }
+        drop(s);
+        self.changed.notify_waiters();
     }
 
     fn adjust(&self, from: u64, to: u64) {
@@ -282,6 +295,12 @@ impl CardBudget {
         self.lock().outstanding
     }
 
+    /// Idle polls of a supplier.
+    #[cfg(test)]
+    pub(crate) fn idle(&self, supplier: u64) -> usize {
+        self.lock().idle.get(&supplier).copied().unwrap_or(0)
+    }
+
     /// The card's UUID.
     pub(crate) fn uuid(&self) -> &str {
         &self.uuid
@@ -308,9 +327,17 @@ impl CardBudget {
     }
 
     /// A slot supplier for one lane of this card, serving `activity_types`.
+    /// A lane's supplier is active from here until [`CardBudget::supplier_stopped`].
     pub(crate) fn lane(self: &Arc<Self>, queue: &str, activity_types: &[&str]) -> LaneSlots {
+        let mut s = self.lock();
+        let id = s.next_supplier;
+        s.next_supplier += 1;
+        s.idle.insert(id, 0);
+        s.expected.remove(queue);
+        drop(s);
         LaneSlots {
             budget: self.clone(),
+            id,
             queue: queue.to_owned(),
             activity_types: activity_types.iter().map(|s| (*s).to_owned()).collect(),
         }
@@ -356,11 +383,18 @@ struct Held {
 /// One lane's slot supplier, drawing on its card's [`CardBudget`].
 pub(crate) struct LaneSlots {
     budget: Arc<CardBudget>,
+    /// This supplier's key in the budget's turn-taking.
+    id: u64,
     queue: String,
     activity_types: Vec<String>,
 }
 
 impl LaneSlots {
+    /// This supplier's key, for [`CardBudget::supplier_stopped`].
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     /// What one reservation costs now: the lane's costliest activity.
     fn reservation_cost(&self) -> u64 {
         self.activity_types
@@ -394,7 +428,7 @@ impl SlotSupplier for LaneSlots {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let cost = self.reservation_cost();
-            match self.budget.try_admit(&self.queue, cost) {
+            match self.budget.try_admit(self.id, cost) {
                 Ok(()) => {
                     if let Some(t) = waiting_since {
                         self.budget.metrics.memory_wait(
@@ -419,7 +453,7 @@ impl SlotSupplier for LaneSlots {
     fn try_reserve_slot(&self, _ctx: &dyn SlotReservationContext) -> Option<SlotSupplierPermit> {
         let cost = self.reservation_cost();
         self.budget
-            .try_admit(&self.queue, cost)
+            .try_admit(self.id, cost)
             .ok()
             .map(|()| self.grant(cost))
     }
@@ -431,7 +465,7 @@ impl SlotSupplier for LaneSlots {
             .permit_used(&self.budget.uuid, &self.queue, activity);
         if let Some(held) = ctx.permit().user_data::<Held>() {
             if held.idle.swap(false, Ordering::Relaxed) {
-                self.budget.poll_ended(&self.queue);
+                self.budget.poll_ended(self.id);
             }
             let actual = self.budget.estimate(activity);
             let before = held.bytes.swap(actual, Ordering::Relaxed);
@@ -442,7 +476,7 @@ impl SlotSupplier for LaneSlots {
     fn release_slot(&self, ctx: &dyn SlotReleaseContext<SlotKind = Self::SlotKind>) {
         let held = ctx.permit().user_data::<Held>();
         if held.is_some_and(|h| h.idle.swap(false, Ordering::Relaxed)) {
-            self.budget.poll_ended(&self.queue);
+            self.budget.poll_ended(self.id);
         }
         self.budget
             .release(held.map_or(0, |h| h.bytes.load(Ordering::Relaxed)));
@@ -673,13 +707,17 @@ mod tests {
     async fn idle_polls_of_one_lane_never_starve_the_other_lane_of_the_card() {
         let b = budget(2, 0);
         b.set_reading(Ok(8 * GIB));
-        b.lane_active("gpu-tools", true);
-        b.lane_active("private", true);
+        b.expect_lane("gpu-tools");
+        b.expect_lane("private");
         let shared = b.lane("gpu-tools", &["cheap"]);
-        let private = b.lane("private", &["cheap"]);
         // The shared lane starts first; its second poller must leave room for the
-        // private lane's first.
+        // private lane's first, though that lane's worker does not exist yet.
         let s1 = shared.try_reserve_slot(&Reserve).expect("first poll");
+        assert!(
+            shared.try_reserve_slot(&Reserve).is_none(),
+            "would starve the private lane"
+        );
+        let private = b.lane("private", &["cheap"]);
         assert!(
             shared.try_reserve_slot(&Reserve).is_none(),
             "would starve the private lane"
@@ -710,13 +748,34 @@ mod tests {
         assert_eq!(b.outstanding(), 2);
         // A drained lane is not waited for: once its poll ends, the shared lane may take
         // both permits.
-        b.lane_active("private", false);
+        b.supplier_stopped(private.id());
         private.release_slot(&Release(p2, None));
-        let _s3 = shared
+        let s3 = shared
             .try_reserve_slot(&Reserve)
             .expect("no active lane is left without a poll");
         assert!(shared.try_reserve_slot(&Reserve).is_none(), "the cap binds");
-        drop(s2);
+        // Regression: a resumed lane's new supplier keeps its own count; the old one's
+        // late releases do not change it.
+        let old = b.lane("private", &["cheap"]);
+        shared.release_slot(&Release(s3, None));
+        let late = old
+            .try_reserve_slot(&Reserve)
+            .expect("the old worker's poll");
+        b.supplier_stopped(old.id());
+        let resumed = b.lane("private", &["cheap"]);
+        shared.release_slot(&Release(s2, None));
+        let r1 = resumed
+            .try_reserve_slot(&Reserve)
+            .expect("the resumed lane polls");
+        assert_eq!(b.idle(resumed.id()), 1);
+        old.release_slot(&Release(late, None));
+        assert_eq!(
+            b.idle(resumed.id()),
+            1,
+            "the old poll's end is not the new one's"
+        );
+        resumed.release_slot(&Release(r1, None));
+        assert_eq!(b.idle(resumed.id()), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -23,6 +23,8 @@ const CHECK_EVERY: Duration = Duration::from_secs(5);
 /// How long a probe's forward pass may take before the engine counts as not answering
 /// (unless it finished other batches meanwhile: then it is busy, not stuck).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest one forward pass may run before the engine counts as stuck.
+const LONGEST_BATCH: Duration = Duration::from_secs(300);
 /// How long the connectivity check may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -206,11 +208,21 @@ impl Health {
                     match tokio::time::timeout(PROBE_TIMEOUT, engine.probe()).await {
                         Ok(Ok(())) => Ok(()),
                         Ok(Err(e)) => Err(format!("the probe failed: {e}")),
-                        // Still finishing other batches: busy, not stuck.
+                        // Still finishing other batches, or in one long one: busy, not
+                        // stuck.
                         Err(_) if engine.counters().totals().batches > before => Ok(()),
+                        Err(_)
+                            if engine
+                                .counters()
+                                .busy_for()
+                                .is_some_and(|d| d < LONGEST_BATCH) =>
+                        {
+                            Ok(())
+                        }
                         Err(_) => Err(format!(
-                            "no answer to a one-text probe in {} s and no batch finished",
-                            PROBE_TIMEOUT.as_secs()
+                            "no answer to a one-text probe in {} s, no forward pass finished since the last check, and none has been running for less than {} s",
+                            PROBE_TIMEOUT.as_secs(),
+                            LONGEST_BATCH.as_secs()
                         )),
                     }
                 };

@@ -90,7 +90,15 @@ pub(crate) async fn serve(
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
+            tokio::pin!(conn);
+            if tokio::time::timeout(CONNECTION_LIFETIME, conn.as_mut())
+                .await
+                .is_err()
+            {
+                // Old enough: finish the response in flight, if any, then close.
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(HEADER_TIMEOUT, conn).await;
+            }
             drop(permit);
         });
     }

@@ -20,8 +20,12 @@ fn main() -> std::process::ExitCode {
         .build()
         .map_err(anyhow::Error::from)
         .and_then(|rt| {
-            rt.block_on(gpulane::run_cli(cli))
-                .map_err(anyhow::Error::from)
+            let result = rt.block_on(gpulane::run_cli(cli));
+            // Dropping a runtime waits for its blocking tasks for ever (a model still
+            // loading for a recovered card, an NVML call on a card that fell off the bus);
+            // the stop has already had its deadline, so give them a moment only.
+            rt.shutdown_timeout(std::time::Duration::from_secs(5));
+            result.map_err(anyhow::Error::from)
         });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -85,6 +85,7 @@ pub(crate) async fn describe_activity_queue(
         }),
         task_queue_type: TaskQueueType::Activity as i32,
         report_stats: true,
+        report_config: true,
         ..Default::default()
     };
     let mut service = connection.workflow_service();

@@ -10,6 +10,7 @@ import uuid
 from datetime import timedelta
 
 from conftest import BIN, FIXTURES, free_port, workflow_env
+from test_rerank import call_once
 
 GIB = 1 << 30
 
@@ -90,23 +91,35 @@ def test_status_lists_every_lane_with_a_backlog_that_grows_while_a_card_is_full(
     assert private0 in table and "backlog" in table and "GPU-SIM-1" in table, table
 
 
+def wait_lane_state(g, device_id, queue, want, deadline_s=20):
+    deadline = time.monotonic() + deadline_s
+    while True:
+        lane = lanes_by_queue(g.status("--no-backlog"), device_id)[queue]
+        if lane["state"] == want:
+            return
+        assert time.monotonic() < deadline, (lane, g.log()[-3000:])
+        time.sleep(0.2)
+
+
 def test_drain_moves_shared_work_to_the_other_card_keeps_the_private_window_and_resume_undoes_it(
     temporal_address, gpulane
 ):
+    window = 10
     g = gpulane(
         "--model", str(FIXTURES / "tiny-bert-cls"), "--simulate-gpus", "2x16GiB",
-        env={"GPULANE_DRAIN_PRIVATE_SECS": "8"},
+        env={"GPULANE_DRAIN_PRIVATE_SECS": str(window)},
     )
+    drained_at = time.monotonic()
     out = g.cli("drain", "--card", "GPU-SIM-0").stdout
     assert "GPU-SIM-0" in out, out
     status = g.status("--no-backlog")
     assert device(status, "GPU-SIM-0")["state"] == "draining"
-    lanes0 = lanes_by_queue(status, "GPU-SIM-0")
     private0 = f"gpu-tools.{g.host}.gpu-sim-0"
-    assert lanes0["gpu-tools"]["state"] in ("stopping", "stopped"), lanes0
-    assert lanes0[private0]["state"] == "polling", lanes0
+    assert lanes_by_queue(status, "GPU-SIM-0")[private0]["state"] == "polling"
     # One drained card of two: the worker still serves, so it stays ready.
     assert status["ready"] is True, status
+    # Once the card's shared lane has shut down, none of its polls is left open.
+    wait_lane_state(g, "GPU-SIM-0", "gpu-tools", "stopped")
 
     async def calls(queue, n, tag):
         async with workflow_env(temporal_address) as (client, wf_queue):
@@ -117,6 +130,14 @@ def test_drain_moves_shared_work_to_the_other_card_keeps_the_private_window_and_
     assert [r["device"]["uuid"] for r in shared] == ["GPU-SIM-1"] * 20, shared
     pinned = asyncio.run(calls(private0, 1, "pinned-in-window"))
     assert pinned[0]["device"]["uuid"] == "GPU-SIM-0"
+    assert time.monotonic() - drained_at < window, "the pinned call must land inside the window"
+
+    # After the window the private lane stops too: a pinned call is no longer served.
+    wait_lane_state(g, "GPU-SIM-0", private0, "stopped", deadline_s=window + 10)
+    assert device(g.status("--no-backlog"), "GPU-SIM-0")["state"] == "drained"
+    late = call_once(temporal_address, "embed", private0, {"texts": ["too late"]},
+                     schedule_to_start_s=3)
+    assert late.get("error", {}).get("kind") == "TimeoutError", late
 
     g.cli("resume", "--card", "GPU-SIM-0")
     status = g.status("--no-backlog")
@@ -131,7 +152,9 @@ def test_drain_moves_shared_work_to_the_other_card_keeps_the_private_window_and_
 
 
 def test_bad_admin_requests_are_refused_clearly_and_change_nothing(temporal_address, gpulane):
-    g = gpulane("--model", str(FIXTURES / "tiny-bert-cls"), "--simulate-gpus", "2x16GiB")
+    # A window long enough that the drained card is still "draining" throughout.
+    g = gpulane("--model", str(FIXTURES / "tiny-bert-cls"), "--simulate-gpus", "2x16GiB",
+                env={"GPULANE_DRAIN_PRIVATE_SECS": "5"})
 
     def states():
         s = g.status("--no-backlog")
@@ -216,5 +239,10 @@ def test_temporal_knobs_reach_sdk_core_and_the_identity_names_pod_and_card(tempo
             return await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 60)
 
     assert len(asyncio.run(go())) == 8
-    pollers = {p["identity"] for l in g.status()["lanes"] for p in l["backlog"]["pollers"]}
-    assert f"gpulane@{pod}/cpu/cpu-tools" in pollers, pollers
+    lane = next(l for l in g.status()["lanes"] if l["task_queue"] == "cpu-tools")
+    mine = [p for p in lane["backlog"]["pollers"] if p["identity"] == f"gpulane@{pod}/cpu/cpu-tools"]
+    assert mine, lane["backlog"]["pollers"]
+    # The server saw the deployment version and the queue's rate limit this worker set.
+    assert (mine[0]["deployment_name"], mine[0]["build_id"]) == ("gpulane-test", "b1"), mine
+    assert lane["backlog"]["rate_limit_source"] == "worker", lane["backlog"]
+    assert lane["backlog"]["rate_limit_per_second"] == 100, lane["backlog"]

@@ -160,18 +160,40 @@ impl Supervisor {
         }
         let mut resumed = Vec::new();
         for d in chosen {
+            let was = self.devices[d].state;
             // A window still open is cancelled: its private lane keeps its worker.
             self.devices[d].window += 1;
+            let mut started = Vec::new();
             for i in self.lanes_of(d, true) {
-                if self.lanes[i].state != LaneState::Polling {
-                    if let Err(e) = self.start_lane(i).await {
-                        tracing::error!(task_queue = %self.lanes[i].queue, error = %e, "could not resume a lane");
-                        return Err(AdminError::Refused(format!(
-                            "resuming {}: {e}; lanes resumed so far keep polling",
-                            self.devices[d].id()
-                        )));
-                    }
+                if self.lanes[i].state == LaneState::Polling {
+                    continue;
                 }
+                if let Err(e) = self.start_lane(i).await {
+                    tracing::error!(task_queue = %self.lanes[i].queue, error = %e, "could not resume a lane");
+                    // Undo this device's resume: what started stops again, and a private
+                    // lane still in its window gets a new one.
+                    for j in started {
+                        self.stop_lane(j);
+                    }
+                    if was == DeviceState::Draining {
+                        self.open_window(d);
+                    }
+                    return Err(AdminError::Refused(format!(
+                        "resuming {} failed ({e}); it stays {}{}",
+                        self.devices[d].id(),
+                        if was == DeviceState::Draining {
+                            "draining"
+                        } else {
+                            "drained"
+                        },
+                        if resumed.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; resumed before it: {resumed:?}")
+                        }
+                    )));
+                }
+                started.push(i);
             }
             self.devices[d].state = DeviceState::Serving;
             tracing::info!(device = self.devices[d].id(), "resumed");
@@ -209,6 +231,15 @@ impl Supervisor {
                 DeviceState::Draining | DeviceState::Drained | DeviceState::Stopping => {}
             }
             self.devices[d].state = DeviceState::Stopping;
+        }
+        // Whatever the device's state says, no lane but a private one in its window may
+        // keep polling once the worker stops.
+        for i in 0..self.lanes.len() {
+            let windowed = self.lanes[i].kind == LaneKind::Private
+                && self.devices[self.lanes[i].device].failed.is_none();
+            if !windowed {
+                self.stop_lane(i);
+            }
         }
         self.update_health();
     }

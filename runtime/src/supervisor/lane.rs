@@ -5,6 +5,7 @@
 use std::{
     panic::AssertUnwindSafe,
     sync::{atomic::AtomicUsize, Arc, Weak},
+    time::Duration,
 };
 
 use futures::FutureExt;
@@ -68,6 +69,8 @@ pub(super) struct LaneRt {
     pub generation: u64,
     /// Activities running on any of the lane's workers.
     pub running: Arc<AtomicUsize>,
+    /// The current worker's key in its card's turn-taking, while it polls.
+    pub supplier: Option<u64>,
 }
 
 /// What a new worker for a lane needs besides the lane.
@@ -96,45 +99,37 @@ impl LaneRt {
                 queue: queue.clone(),
                 source,
             };
+        // A card lane's supplier joins the card's turn-taking as it is made; if the
+        // worker then fails to start, it leaves again.
+        let mut supplier = None;
         let tuner: Arc<dyn WorkerTuner + Send + Sync> = match d.budget {
-            Some(b) => Arc::new(
-                TunerHolderOptions::builder()
-                    .activity_slot_options(SlotSupplierOptions::Custom(Arc::new(b.lane(
-                        &self.queue,
-                        &gpulane_activities::DeviceActivities::activity_types(),
-                    ))))
-                    .build_tuner_holder()
-                    .map_err(|e| worker_error(e.into()))?,
-            ),
+            Some(b) => {
+                let slots = b.lane(
+                    &self.queue,
+                    &gpulane_activities::DeviceActivities::activity_types(),
+                );
+                supplier = Some(slots.id());
+                Arc::new(
+                    TunerHolderOptions::builder()
+                        .activity_slot_options(SlotSupplierOptions::Custom(Arc::new(slots)))
+                        .build_tuner_holder()
+                        .map_err(|e| worker_error(e.into()))?,
+                )
+            }
             // Both CPU lanes (and the model ones) share one fixed pool of
             // --max-concurrent-cpu slots; see runtime/src/supervisor/mod.rs.
             None => d.cpu_tuner.clone(),
         };
-        let s = d.settings;
-        let config = WorkerConfig::builder()
-            .namespace(s.temporal.namespace.clone())
-            .task_queue(self.queue.clone())
-            .task_types(WorkerTaskTypes::activity_only())
-            .versioning_strategy(s.versioning.clone())
-            .client_identity_override(self.identity.clone())
-            .tuner(tuner)
-            .activity_task_poller_behavior(s.pollers)
-            .maybe_max_worker_activities_per_second(s.max_activities_per_second)
-            .maybe_max_task_queue_activities_per_second(s.max_task_queue_activities_per_second)
-            .graceful_shutdown_period(s.graceful_shutdown)
-            // Several cards of this host poll the shared queues through one connection,
-            // and a resumed lane's new worker polls beside its old one while that one
-            // finishes; core refuses both unless told they are intended.
-            .skip_client_worker_set_check(true)
-            .build()
-            .map_err(|e| worker_error(e.into()))?;
-        let worker = init_worker(d.core, config, d.connection.clone())
-            .map_err(|e| worker_error(e.into()))?;
-        worker
-            .validate()
-            .await
-            .map_err(|e| worker_error(Box::new(e)))?;
-        let worker = Arc::new(worker);
+        let worker = match self.new_worker(&d, tuner).await {
+            Ok(w) => Arc::new(w),
+            Err(e) => {
+                if let (Some(b), Some(id)) = (d.budget, supplier) {
+                    b.supplier_stopped(id);
+                }
+                return Err(worker_error(e));
+            }
+        };
+        self.supplier = supplier;
         self.generation += 1;
         self.worker = Arc::downgrade(&worker);
         self.state = LaneState::Polling;
@@ -152,48 +147,140 @@ impl LaneRt {
             metrics: d.metrics.clone(),
             running: self.running.clone(),
         };
-        let generation = self.generation;
-        let events = d.events.clone();
+        let mut ended = Ended {
+            events: d.events.clone(),
+            lane: index,
+            generation: self.generation,
+            result: Some(Err("its task ended abnormally".to_owned())),
+        };
         let queue = self.queue.clone();
         tokio::spawn(async move {
             let served = AssertUnwindSafe(serve_lane(lane)).catch_unwind().await;
-            let result = match served {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(panic) => Err(format!(
-                    "its task loop panicked: {}",
-                    crate::worker::panic_message(&*panic)
-                )),
-            };
-            // Core has handed out its last task; wait for it to release everything,
-            // then free the worker (if no finished activity still holds a handle).
-            worker.shutdown().await;
-            if let Ok(worker) = Arc::try_unwrap(worker) {
-                worker.finalize_shutdown().await;
+            match served {
+                Ok(Ok(())) => {
+                    // Core has handed out its last task; wait (bounded) for it to
+                    // release everything, then free the worker (if no finished activity
+                    // still holds a handle).
+                    if tokio::time::timeout(WORKER_SHUTDOWN, worker.shutdown())
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(task_queue = %queue, "the lane's worker did not finish shutting down in time");
+                    } else if let Ok(worker) = Arc::try_unwrap(worker) {
+                        worker.finalize_shutdown().await;
+                    }
+                    ended.set(Ok(()));
+                }
+                // A failed poll loop: report it now. Core's shutdown would wait for a
+                // poll that nobody makes any more; the worker is stopped and dropped.
+                Ok(Err(e)) => {
+                    worker.initiate_shutdown();
+                    ended.set(Err(e.to_string()));
+                }
+                Err(panic) => {
+                    worker.initiate_shutdown();
+                    ended.set(Err(format!(
+                        "its task loop panicked: {}",
+                        crate::worker::panic_message(&*panic)
+                    )));
+                }
             }
-            tracing::debug!(task_queue = %queue, generation, "lane worker finished");
-            let _ = events.send(Event::LaneEnded {
-                lane: index,
-                generation,
-                result,
-            });
+            tracing::debug!(task_queue = %queue, "lane worker finished");
+            // `ended` reports on drop, also if anything above panicked.
         });
         tracing::info!(task_queue = %self.queue, kind = self.kind.label(),
             identity = %self.identity, "lane polling");
         Ok(())
     }
 
+    /// Builds and validates an sdk-core worker for the lane. Validation is a call to the
+    /// server; it gets [`VALIDATE_TIMEOUT`] so a slow server cannot hold the supervisor.
+    async fn new_worker(
+        &self,
+        d: &WorkerDeps<'_>,
+        tuner: Arc<dyn WorkerTuner + Send + Sync>,
+    ) -> Result<Worker, Box<dyn std::error::Error + Send + Sync>> {
+        let s = d.settings;
+        let config = WorkerConfig::builder()
+            .namespace(s.temporal.namespace.clone())
+            .task_queue(self.queue.clone())
+            .task_types(WorkerTaskTypes::activity_only())
+            .versioning_strategy(s.versioning.clone())
+            .client_identity_override(self.identity.clone())
+            .tuner(tuner)
+            .activity_task_poller_behavior(s.pollers)
+            .maybe_max_worker_activities_per_second(s.max_activities_per_second)
+            .maybe_max_task_queue_activities_per_second(s.max_task_queue_activities_per_second)
+            .graceful_shutdown_period(s.graceful_shutdown)
+            // Several cards of this host poll the shared queues through one connection,
+            // and a resumed lane's new worker polls beside its old one while that one
+            // finishes; core refuses both unless told they are intended.
+            .skip_client_worker_set_check(true)
+            .build()?;
+        let worker = init_worker(d.core, config, d.connection.clone())?;
+        match tokio::time::timeout(VALIDATE_TIMEOUT, worker.validate()).await {
+            Ok(Ok(_namespace)) => Ok(worker),
+            Ok(Err(e)) => Err(Box::new(e)),
+            Err(_) => Err(format!(
+                "the server did not confirm the namespace within {} s",
+                VALIDATE_TIMEOUT.as_secs()
+            )
+            .into()),
+        }
+    }
+
     /// Stops polling; running activities finish (core cancels what is left after the
     /// graceful shutdown period, and the lane fails those back retryably).
-    pub(super) fn stop(&mut self, metrics: &Metrics, device: &str) {
+    pub(super) fn stop(&mut self, metrics: &Metrics, device: &str, budget: Option<&CardBudget>) {
         if self.state != LaneState::Polling {
             return;
         }
         if let Some(w) = self.worker.upgrade() {
             w.initiate_shutdown();
         }
+        self.leave_turns(budget);
         self.state = LaneState::Stopping;
         metrics.lane_polling(&self.queue, device, false);
         tracing::info!(task_queue = %self.queue, "lane stops polling; running activities finish");
+    }
+
+    /// The lane no longer takes turns for its card's permits.
+    pub(super) fn leave_turns(&mut self, budget: Option<&CardBudget>) {
+        if let (Some(b), Some(id)) = (budget, self.supplier.take()) {
+            b.supplier_stopped(id);
+        }
+    }
+}
+
+/// How long a stopped lane's worker may take to release everything once its last task is
+/// done.
+const WORKER_SHUTDOWN: Duration = Duration::from_secs(30);
+/// How long the server may take to confirm a new worker's namespace.
+const VALIDATE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Reports a lane task's end to the supervisor when dropped, whatever ended it.
+struct Ended {
+    events: UnboundedSender<Event>,
+    lane: usize,
+    generation: u64,
+    result: Option<Result<(), String>>,
+}
+
+impl Ended {
+    fn set(&mut self, result: Result<(), String>) {
+        self.result = Some(result);
+    }
+}
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let _ = self.events.send(Event::LaneEnded {
+            lane: self.lane,
+            generation: self.generation,
+            result: self
+                .result
+                .take()
+                .unwrap_or_else(|| Err("its task ended abnormally".to_owned())),
+        });
     }
 }

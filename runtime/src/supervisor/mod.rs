@@ -311,7 +311,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
         );
     }
     for i in 0..sup.lanes.len() {
-        sup.start_lane(i).await?;
+        if let Err(e) = sup.start_lane(i).await {
+            // Lanes already polling may hold tasks: drain them before giving up.
+            tracing::error!(error = %e, "a lane could not start; stopping the others");
+            sup.fail(e.to_string());
+            let _ = sup.serve().await;
+            return Err(e);
+        }
     }
     health.set_started();
     sup.update_health();
@@ -474,10 +480,10 @@ impl Supervisor {
             });
         }
         if let Some(b) = &setup.budget {
-            // Every lane of the card counts as active before the first one polls, so
-            // the first lane to start does not take every permit.
+            // Every lane of the card counts before the first one polls, so the first
+            // lane to start does not take every permit.
             for l in &setup.lanes {
-                b.lane_active(&l.queue, true);
+                b.expect_lane(&l.queue);
             }
             self.health.watch_card(b.clone());
             self.cards
@@ -496,6 +502,7 @@ impl Supervisor {
                 worker: std::sync::Weak::new(),
                 generation: 0,
                 running: Arc::default(),
+                supplier: None,
             });
         }
         self.devices.push(Device {
@@ -518,9 +525,6 @@ impl Supervisor {
             cpu_tuner: &self.cpu_tuner,
             events: &self.events,
         };
-        if let Some(b) = &device.setup.budget {
-            b.lane_active(&self.lanes[i].queue, true);
-        }
         self.lanes[i].start(i, deps).await?;
         self.live += 1;
         Ok(())
@@ -528,11 +532,7 @@ impl Supervisor {
 
     fn stop_lane(&mut self, i: usize) {
         let device = &self.devices[self.lanes[i].device];
-        if let Some(b) = &device.setup.budget {
-            b.lane_active(&self.lanes[i].queue, false);
-        }
-        let id = device.id().to_owned();
-        self.lanes[i].stop(&self.metrics, &id);
+        self.lanes[i].stop(&self.metrics, device.id(), device.setup.budget.as_deref());
     }
 
     /// The lanes of `device`, optionally without its private one.
@@ -661,29 +661,37 @@ impl Supervisor {
 
     fn lane_ended(&mut self, lane: usize, generation: u64, result: Result<(), String>) {
         self.live -= 1;
+        let device = &self.devices[self.lanes[lane].device];
+        let (id, budget) = (device.id().to_owned(), device.setup.budget.clone());
         let l = &mut self.lanes[lane];
         if generation != l.generation {
             // A replaced worker (the lane resumed meanwhile) finished its last tasks.
+            if let Err(e) = result {
+                tracing::warn!(task_queue = %l.queue, error = %e, "a lane's replaced worker ended with an error");
+            }
             return;
         }
         let expected = matches!(l.state, LaneState::Stopping | LaneState::Failed(_));
-        match (expected, result) {
+        let why = match (expected, result) {
             (true, Ok(())) => {
                 if l.state == LaneState::Stopping {
                     l.state = LaneState::Stopped;
                 }
+                return;
             }
             (_, Err(e)) => {
                 let why = format!("lane {} stopped with an error: {e}", l.queue);
                 l.state = LaneState::Failed(e);
-                self.fail(why);
+                why
             }
             (false, Ok(())) => {
-                let why = format!("lane {} stopped polling on its own", l.queue);
                 l.state = LaneState::Failed("it ended on its own".to_owned());
-                self.fail(why);
+                format!("lane {} stopped polling on its own", l.queue)
             }
-        }
+        };
+        l.leave_turns(budget.as_deref());
+        self.metrics.lane_polling(&l.queue, &id, false);
+        self.fail(why);
     }
 
     /// A failure: readiness down for good, the worker drains and exits non-zero.
