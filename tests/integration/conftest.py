@@ -17,7 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = ROOT / "target" / "release" / "gpulane"
 TEMPORAL = ROOT / ".venv" / "bin" / "temporal"
-FIXTURES = pathlib.Path(os.environ.get("GPULANE_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+FIXTURES = pathlib.Path(os.environ.get("GPULANE_FIXTURES", ROOT / "tests" / "fixtures"))
 
 
 def free_port() -> int:

@@ -1,7 +1,7 @@
 """Generates the tiny random-weight ModernBERT fixtures in this folder and their
 reference outputs, computed by sentence-transformers / transformers on CPU in float32.
 
-../shared/fixtures/ has no ModernBERT model, and there is no model hub here, so these are
+tests/fixtures/ has no ModernBERT model, and there is no model hub here, so these are
 made like the shared ones: random weights, a tokenizer trained on the fixture texts, the
 reference from the pipeline users compare against. Run from the repository root:
 
@@ -18,7 +18,7 @@ Two models, to cover what real checkpoints differ in:
 - tiny-modernbert-reranker: `ModernBertForSequenceClassification` with one label (the
   gte-reranker-modernbert architecture), mean pooling before its head, hub config
   spelling, pairs truncated at `model_max_length` 128; its reference follows
-  ../shared/fixtures/tiny-cross-encoder (same queries and documents, `raw_scores` the
+  tests/fixtures/tiny-cross-encoder (same queries and documents, `raw_scores` the
   logits, `scores` their sigmoid), computed with transformers.
 
 All use a small `local_attention` so that sliding-window layers truncate what a token
@@ -43,7 +43,7 @@ from transformers import (
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-TEXTS = json.load(open(os.path.join(ROOT, "../shared/fixtures/tiny-xlmr-mean/reference.json")))[
+TEXTS = json.load(open(os.path.join(ROOT, "tests/fixtures/tiny-xlmr-mean/reference.json")))[
     "texts"
 ]
 SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
@@ -240,7 +240,7 @@ def make_reranker(name: str, seed: int):
     }
     write_json(os.path.join(out, "config.json"), cfg)
 
-    shared = json.load(open(os.path.join(ROOT, "../shared/fixtures/tiny-cross-encoder/reference.json")))
+    shared = json.load(open(os.path.join(ROOT, "tests/fixtures/tiny-cross-encoder/reference.json")))
     tokz = AutoTokenizer.from_pretrained(out)
     model = AutoModelForSequenceClassification.from_pretrained(out).eval()
     cases = []
