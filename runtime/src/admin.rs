@@ -15,14 +15,13 @@ use gpulane_proto::admin::{
 };
 use temporalio_client::Connection;
 use temporalio_common::protos::temporal::api::enums::v1::RateLimitSource;
-use tokio::sync::mpsc::UnboundedSender;
 use tonic::{Request, Response, Status};
 
 use crate::{
     config::{AdminArgs, DeviceTarget, StatusArgs},
     health::Health,
     metrics::Metrics,
-    supervisor::{AdminError, Event, SupervisorHandle},
+    supervisor::{AdminError, SupervisorHandle},
     temporal, RuntimeError,
 };
 
@@ -161,22 +160,33 @@ fn answer<R>(reply: Option<Result<R, AdminError>>) -> Result<Response<R>, Status
     reply.ok_or_else(gone)?.map(Response::new).map_err(refused)
 }
 
-/// Starts the admin thread: `/metrics` and the probes on `http`, the admin API on
-/// `admin` (either may be off). Its end is reported to the supervisor as a failure.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn spawn_thread(
-    http: Option<StdListener>,
-    admin: Option<StdListener>,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    supervisor: SupervisorHandle,
-    connection: Connection,
-    namespace: String,
-    events: UnboundedSender<Event>,
-) -> Result<(), RuntimeError> {
+/// What the admin thread serves: `/metrics` and the probes on `http`, the admin API on
+/// `admin` (either may be off).
+pub(crate) struct AdminThread {
+    pub http: Option<StdListener>,
+    pub admin: Option<StdListener>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub supervisor: SupervisorHandle,
+    pub connection: Connection,
+    pub namespace: String,
+}
+
+/// Starts the admin thread. Its end is reported to the supervisor as a failure.
+pub(crate) fn spawn_thread(t: AdminThread) -> Result<(), RuntimeError> {
+    let AdminThread {
+        http,
+        admin,
+        metrics,
+        health,
+        supervisor,
+        connection,
+        namespace,
+    } = t;
     if http.is_none() && admin.is_none() {
         return Ok(());
     }
+    let died = supervisor.clone();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .thread_name("gpulane-admin")
@@ -229,7 +239,7 @@ pub(crate) fn spawn_thread(
                     crate::worker::panic_message(&*panic)
                 )
             });
-            let _ = events.send(Event::Died(why));
+            died.died(why);
         })
         .map_err(|e| RuntimeError::Config(format!("starting the admin thread: {e}")))?;
     Ok(())

@@ -21,8 +21,6 @@ pub(crate) struct DevicePlan {
     pub gpu: Option<GpuDevice>,
     /// The device's private queue, named in every result as `host_task_queue`.
     pub host_queue: String,
-    /// Every queue served: the shared lane first, then the private one.
-    pub queues: Vec<String>,
 }
 
 impl DevicePlan {
@@ -147,7 +145,6 @@ pub(crate) fn plan(
             let host_queue = gpu_card_queue(host, &g.uuid);
             DevicePlan {
                 gpu: Some(g.clone()),
-                queues: vec![GPU_TOOLS.to_owned(), host_queue.clone()],
                 host_queue,
             }
         })
@@ -161,7 +158,6 @@ pub(crate) fn plan(
         let host_queue = cpu_host_queue(host);
         plans.push(DevicePlan {
             gpu: None,
-            queues: vec![CPU_TOOLS.to_owned(), host_queue.clone()],
             host_queue,
         });
     }
@@ -173,6 +169,10 @@ mod tests {
     use super::*;
     use crate::devices::{DeviceInventory, SimulatedInventory};
 
+    fn queues(p: &DevicePlan) -> Vec<String> {
+        p.lanes(&[]).into_iter().map(|l| l.queue).collect()
+    }
+
     fn cards(n: u32) -> Vec<GpuDevice> {
         SimulatedInventory::new(n, 16 << 30).devices().to_vec()
     }
@@ -181,7 +181,7 @@ mod tests {
     fn each_card_serves_shared_and_private_queue() {
         let p = plan("h1", &cards(2), &GpuSelection::All, CpuLane::Auto);
         assert_eq!(p.len(), 2, "no cpu lane when cards are served in auto mode");
-        assert_eq!(p[0].queues, vec!["gpu-tools", "gpu-tools.h1.gpu-sim-0"]);
+        assert_eq!(queues(&p[0]), vec!["gpu-tools", "gpu-tools.h1.gpu-sim-0"]);
         assert_eq!(p[1].host_queue, "gpu-tools.h1.gpu-sim-1");
         assert_eq!(p[0].device_info().uuid.as_deref(), Some("GPU-SIM-0"));
         assert!(p[0].device_info().simulated);
@@ -218,7 +218,7 @@ mod tests {
     fn no_cards_means_cpu_lane() {
         let p = plan("h1", &[], &GpuSelection::All, CpuLane::Auto);
         assert_eq!(p.len(), 1);
-        assert_eq!(p[0].queues, vec!["cpu-tools", "cpu-tools.h1"]);
+        assert_eq!(queues(&p[0]), vec!["cpu-tools", "cpu-tools.h1"]);
         assert_eq!(p[0].device_info().kind, DeviceKind::Cpu);
     }
 

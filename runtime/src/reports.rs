@@ -78,8 +78,8 @@ pub(crate) fn print_devices(args: &DeviceArgs) {
         }
         println!("task queues served (plus gpu-tools@<model> / cpu-tools@<model> for models with a model queue):");
         for p in plan(&d.host, inv.devices(), &d.gpus, d.cpu_lane) {
-            for q in &p.queues {
-                println!("  {q}  ({})", p.label());
+            for l in p.lanes(&[]) {
+                println!("  {}  ({})", l.queue, p.label());
             }
         }
         Ok(())

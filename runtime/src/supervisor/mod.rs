@@ -105,6 +105,11 @@ impl SupervisorHandle {
         rx.await.ok()
     }
 
+    /// Something that must run for the life of the process ended.
+    pub(crate) fn died(&self, why: String) {
+        let _ = self.0.send(Event::Died(why));
+    }
+
     /// The worker's status, without backlog.
     pub(crate) async fn status(&self) -> Option<StatusResponse> {
         self.ask(Event::Status).await
@@ -276,16 +281,15 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     for setup in setups {
         sup.add_device(setup);
     }
-    crate::admin::spawn_thread(
+    crate::admin::spawn_thread(crate::admin::AdminThread {
         http,
         admin,
-        metrics.clone(),
-        health.clone(),
-        SupervisorHandle(events.clone()),
-        connection.clone(),
-        settings.temporal.namespace.clone(),
-        events.clone(),
-    )?;
+        metrics: metrics.clone(),
+        health: health.clone(),
+        supervisor: SupervisorHandle(events.clone()),
+        connection: connection.clone(),
+        namespace: settings.temporal.namespace.clone(),
+    })?;
     sup.guard(
         "the card memory refresh",
         true,
