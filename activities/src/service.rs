@@ -354,6 +354,8 @@ impl DeviceActivities {
             Some(d) => d,
             None => full,
         };
+        // No prompt named: the model's default prompt (if it has one) applies, in the
+        // models layer, and counts against the limits here like any other.
         let prefix = match (&req.prompt, &req.prompt_name) {
             (Some(p), _) => Some(p.clone()),
             (None, Some(name)) => Some(info.prompts.get(name).cloned().ok_or_else(|| {
@@ -365,7 +367,11 @@ impl DeviceActivities {
             })?),
             (None, None) => None,
         };
-        if let Some(p) = &prefix {
+        let default_prompt = info
+            .default_prompt_name
+            .as_ref()
+            .and_then(|n| info.prompts.get(n));
+        if let Some(p) = prefix.as_ref().or(default_prompt) {
             self.check_prompted(p, &req.texts)?;
         }
         if self.inner.fault_hooks {
@@ -383,16 +389,13 @@ impl DeviceActivities {
                 _ => {}
             }
         }
-        let texts = match prefix {
-            Some(p) => req.texts.into_iter().map(|t| format!("{p}{t}")).collect(),
-            None => req.texts,
-        };
         let normalize = req.normalize.unwrap_or(info.normalize);
         let opts = EmbedOptions {
             normalize: Some(normalize),
             truncate: req.truncate.unwrap_or(true),
+            prompt: prefix,
         };
-        let out = engine.embed(texts, opts, progress).await?;
+        let out = engine.embed(req.texts, opts, progress).await?;
         let mut vectors = out.vectors;
         if dimensions < full {
             for v in &mut vectors {
@@ -421,6 +424,9 @@ impl DeviceActivities {
             dimensions,
             embeddings,
             model: engine.name().to_owned(),
+            revision: info.identity.revision.clone(),
+            dtype: info.identity.dtype.as_str().to_owned(),
+            family: info.identity.family.as_str().to_owned(),
             device: self.inner.device.clone(),
             host_task_queue: self.inner.host_task_queue.clone(),
             usage: Usage {
@@ -465,9 +471,13 @@ impl DeviceActivities {
         if let Some(n) = req.top_n {
             results.truncate(n);
         }
+        let id = engine.kind().identity();
         Ok(RerankResponse {
             results,
             model: engine.name().to_owned(),
+            revision: id.revision.clone(),
+            dtype: id.dtype.as_str().to_owned(),
+            family: id.family.as_str().to_owned(),
             device: self.inner.device.clone(),
             host_task_queue: self.inner.host_task_queue.clone(),
             usage: Usage {

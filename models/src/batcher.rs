@@ -32,13 +32,25 @@ use crate::ModelError;
 pub(crate) struct Row {
     pub(crate) ids: Vec<u32>,
     pub(crate) types: Vec<u32>,
+    /// Leading tokens pooling leaves out (a prompt the model does not pool).
+    pub(crate) skip: usize,
 }
 
 impl Row {
     /// A single-segment row (type ids all 0).
     pub(crate) fn single(ids: Vec<u32>) -> Self {
         let types = vec![0; ids.len()];
-        Self { ids, types }
+        Self {
+            ids,
+            types,
+            skip: 0,
+        }
+    }
+
+    /// The same row with its first `skip` tokens left out of pooling.
+    pub(crate) fn skipping(mut self, skip: usize) -> Self {
+        self.skip = skip;
+        self
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -3,34 +3,31 @@
 //! `XLMRobertaForSequenceClassification` (the bge-reranker architecture) and
 //! `ModernBertForSequenceClassification` (gte-reranker-modernbert).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Device, Module};
 use candle_nn::{linear, linear_b, Linear, VarBuilder};
-use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::{
-    backbone::{truncate_at, Family},
     batcher::{run_now, BatchLimits, Forward, Row},
-    encoder::{Act, Encoder},
-    modernbert::Norm,
-    st_dir::{count_parameters, default_batch_tokens, read_json, working_bytes, MAX_BATCH_ROWS},
+    config::{Arch, ModernBertConfig},
+    encoder::{Act, Encoder, Norm},
+    model_dir::{truncate_at, ModelDir, ModelIdentity},
+    st_dir::{default_batch_tokens, read_json, working_bytes, MAX_BATCH_ROWS},
     ModelError, Pooling,
 };
 
 /// A cross-encoder's description.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CrossEncoderInfo {
-    /// `architectures[0]` from config.json.
-    pub architecture: String,
+    /// Which model this is: family, revision, dtype, architecture, parameters.
+    pub identity: ModelIdentity,
     /// Longest (query, document) pair in tokens; longer pairs are truncated, longest
     /// side first (`model_max_length` in tokenizer_config.json).
     pub max_length: usize,
     /// Hidden size, for cost estimates.
     pub hidden_size: usize,
-    /// Floating-point parameters, for cost estimates.
-    pub parameters: u64,
     /// Feed-forward width, for cost estimates (doubled for ModernBERT, as in
     /// [`crate::ModelInfo::intermediate_size`]).
     pub intermediate_size: usize,
@@ -84,14 +81,13 @@ enum Head {
 impl Head {
     /// ModernBERT's head of width `h`, as config.json describes it.
     fn modernbert(
-        config: &Value,
+        config: &ModernBertConfig,
         vb: &VarBuilder,
         h: usize,
         dir: &Path,
     ) -> Result<Self, ModelError> {
-        let flag = |key: &str| config[key].as_bool().unwrap_or(false);
         let head = vb.pp("head");
-        let pooling = match config["classifier_pooling"].as_str().unwrap_or("cls") {
+        let pooling = match config.classifier_pooling.as_str() {
             "cls" => Pooling::Cls,
             "mean" => Pooling::Mean,
             other => {
@@ -103,13 +99,10 @@ impl Head {
         };
         Ok(Head::ModernBert {
             pooling,
-            dense: linear_b(h, h, flag("classifier_bias"), head.pp("dense"))?,
-            act: Act::parse(
-                config["classifier_activation"].as_str().unwrap_or("gelu"),
-                dir,
-            )?,
-            norm: Norm::load(head.pp("norm"), h, flag("norm_bias"))?,
-            eps: config["norm_eps"].as_f64().unwrap_or(1e-5) as f32,
+            dense: linear_b(h, h, config.classifier_bias, head.pp("dense"))?,
+            act: Act::parse(&config.classifier_activation, dir)?,
+            norm: Norm::load(head.pp("norm"), h, config.norm_bias)?,
+            eps: config.norm_eps as f32,
             out: linear(h, 1, vb.pp("classifier"))?,
         })
     }
@@ -123,13 +116,6 @@ pub struct CrossEncoder {
     info: CrossEncoderInfo,
 }
 
-fn missing(path: PathBuf) -> ModelError {
-    ModelError::File {
-        path,
-        source: std::io::Error::from(std::io::ErrorKind::NotFound),
-    }
-}
-
 impl CrossEncoder {
     /// Loads the cross-encoder in `dir` onto `device` in `dtype`.
     pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Self, ModelError> {
@@ -137,71 +123,56 @@ impl CrossEncoder {
             path: dir.to_owned(),
             reason,
         };
-        let config: Value = read_json(&dir.join("config.json"))?;
-        let architecture = config["architectures"][0].as_str().unwrap_or("").to_owned();
-        let family = Family::of(config["model_type"].as_str().unwrap_or(""));
-        let num_labels = config["id2label"].as_object().map_or(1, |m| m.len().max(1));
-        if num_labels != 1 {
+        let model = ModelDir::open(dir)?;
+        let config = &model.config;
+        let architecture = config.architecture.as_str();
+        if config.num_labels != 1 {
             return Err(unsupported(format!(
-                "{num_labels} labels; a reranker has one relevance logit"
+                "{} labels; a reranker has one relevance logit",
+                config.num_labels
             )));
         }
-        let tok_cfg: Value = read_json(&dir.join("tokenizer_config.json"))?;
-        let positions = family.map_or(512, |f| f.max_positions(&config));
+        let shape = config.shape();
+        let tok_cfg: serde_json::Value = read_json(&dir.join("tokenizer_config.json"))?;
+        let positions = shape.max_positions;
         let max_length = tok_cfg["model_max_length"]
             .as_u64()
             .map_or(positions, |m| (m as usize).min(positions));
-
-        let tok_path = dir.join("tokenizer.json");
-        if !tok_path.is_file() {
-            return Err(missing(tok_path));
-        }
-        let mut tokenizer = Tokenizer::from_file(&tok_path)
-            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
-        tokenizer.with_padding(None);
-        if let Some(f) = family {
-            f.align_tokenizer(&mut tokenizer);
-        }
+        let mut tokenizer = model.tokenizer.clone();
         truncate_at(&mut tokenizer, max_length)?;
 
-        let weights = dir.join("model.safetensors");
-        if !weights.is_file() {
-            return Err(missing(weights));
-        }
-        let parameters = count_parameters(&weights)?;
-        // SAFETY: see Embedder::load; the file is mapped read-only.
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[weights], dtype, device)? };
-        let h = config["hidden_size"].as_u64().unwrap_or(0) as usize;
-        let head = match (family, architecture.as_str()) {
-            (Some(Family::Bert), "BertForSequenceClassification") => Head::Tanh {
+        let vb = model.var_builder(dtype, device)?;
+        let h = shape.hidden;
+        let head = match (&config.arch, architecture) {
+            (Arch::Bert(_), "BertForSequenceClassification") => Head::Tanh {
                 dense: linear(h, h, vb.pp("bert.pooler.dense"))?,
                 out: linear(h, 1, vb.pp("classifier"))?,
             },
-            (Some(Family::XlmRoberta), "XLMRobertaForSequenceClassification") => Head::Tanh {
+            (Arch::XlmRoberta(_), "XLMRobertaForSequenceClassification") => Head::Tanh {
                 dense: linear(h, h, vb.pp("classifier.dense"))?,
                 out: linear(h, 1, vb.pp("classifier.out_proj"))?,
             },
-            (Some(Family::ModernBert), "ModernBertForSequenceClassification") => {
-                Head::modernbert(&config, &vb, h, dir)?
+            (Arch::ModernBert(c), "ModernBertForSequenceClassification") => {
+                Head::modernbert(c, &vb, h, dir)?
             }
             _ => {
                 return Err(unsupported(format!(
-                    "architecture {architecture:?}; rerankers are BertForSequenceClassification, XLMRobertaForSequenceClassification or ModernBertForSequenceClassification"
+                    "architecture {architecture:?} ({}); rerankers are BertForSequenceClassification, XLMRobertaForSequenceClassification or ModernBertForSequenceClassification",
+                    config.family().as_str()
                 )))
             }
         };
-        let encoder = Encoder::load(&config, vb, dir)?;
+        let encoder = Encoder::load(config, vb, dir)?;
         Ok(Self {
             encoder,
             head,
             tokenizer,
             info: CrossEncoderInfo {
-                architecture,
+                identity: model.identity(dtype)?,
                 max_length,
                 hidden_size: h,
-                parameters,
-                intermediate_size: family.map_or(0, |f| f.ffn_width(&config)),
-                num_heads: config["num_attention_heads"].as_u64().unwrap_or(1) as usize,
+                intermediate_size: shape.ffn,
+                num_heads: shape.heads,
             },
         })
     }
@@ -223,6 +194,7 @@ impl CrossEncoder {
             .map(|e| Row {
                 ids: e.get_ids().to_vec(),
                 types: e.get_type_ids().to_vec(),
+                skip: 0,
             })
             .collect())
     }

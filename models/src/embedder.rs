@@ -1,25 +1,31 @@
+//! Sentence-transformers embedders: the transformer, pooling, any Dense layers, and
+//! Normalize, as the model directory's modules.json lists them.
+
 use std::path::Path;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use tokenizers::Tokenizer;
 
 use crate::{
-    backbone::truncate_at,
     batcher::{run_now, BatchLimits, Forward, Row},
     encoder::Encoder,
+    model_dir::truncate_at,
     pooling::l2_normalize,
-    st_dir::{SentenceTransformerDir, MAX_BATCH_ROWS},
+    st_dir::{DenseAct, DenseSpec, SentenceTransformerDir, MAX_BATCH_ROWS},
     ModelError, ModelInfo,
 };
 
 /// Per-call options the caller may set.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EmbedOptions {
     /// L2-normalize the output; `None` follows the model's own pipeline (modules.json).
     pub normalize: Option<bool>,
     /// Truncate texts longer than the model's limit; `false` fails such a call instead.
     pub truncate: bool,
+    /// Text put before every input (an instruction, `"query: "`); `None` applies the
+    /// model's `default_prompt_name` prompt if it has one, `Some("")` no prompt.
+    pub prompt: Option<String>,
 }
 
 impl Default for EmbedOptions {
@@ -27,6 +33,7 @@ impl Default for EmbedOptions {
         Self {
             normalize: None,
             truncate: true,
+            prompt: None,
         }
     }
 }
@@ -40,10 +47,56 @@ pub struct Embeddings {
     pub token_counts: Vec<usize>,
 }
 
-/// A sentence-transformers embedder (BERT, XLM-RoBERTa or ModernBERT) loaded on one
-/// device. Blocking: call it from the engine thread, never from the async runtime.
+/// A sentence-transformers `Dense` module: `act(x · W + b)`, in f32 on the model's device.
+struct Dense {
+    w: Tensor,
+    b: Option<Tensor>,
+    act: DenseAct,
+}
+
+impl Dense {
+    fn load(spec: &DenseSpec, device: &Device) -> Result<Self, ModelError> {
+        let file = spec.dir.join("model.safetensors");
+        // SAFETY: as for the transformer's weights (see `checkpoint`): mapped read-only.
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[file], DType::F32, device)? };
+        let vb = vb.pp("linear");
+        let w = vb
+            .get((spec.out_features, spec.in_features), "weight")?
+            .t()?
+            .contiguous()?;
+        let b = if spec.bias {
+            Some(vb.get(spec.out_features, "bias")?)
+        } else {
+            None
+        };
+        Ok(Self {
+            w,
+            b,
+            act: spec.act,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let mut y = x.matmul(&self.w)?;
+        if let Some(b) = &self.b {
+            y = y.broadcast_add(b)?;
+        }
+        Ok(match self.act {
+            DenseAct::Identity => y,
+            DenseAct::Tanh => y.tanh()?,
+            DenseAct::Gelu => y.gelu_erf()?,
+            DenseAct::Relu => y.relu()?,
+            DenseAct::Sigmoid => candle_nn::ops::sigmoid(&y)?,
+            DenseAct::Silu => y.silu()?,
+        })
+    }
+}
+
+/// A sentence-transformers embedder loaded on one device. Blocking: call it from the
+/// engine thread, never from the async runtime.
 pub struct Embedder {
     model: Encoder,
+    dense: Vec<Dense>,
     /// Encodes with truncation at `max_seq_length`.
     truncating: Tokenizer,
     /// Encodes without truncation, to measure and refuse over-long texts.
@@ -55,43 +108,24 @@ impl Embedder {
     /// Loads the model in `dir` onto `device` in `dtype`.
     pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Self, ModelError> {
         let st = SentenceTransformerDir::open(dir)?;
-        let tok_path = dir.join("tokenizer.json");
-        if !tok_path.is_file() {
-            return Err(ModelError::File {
-                path: tok_path,
-                source: std::io::Error::from(std::io::ErrorKind::NotFound),
-            });
-        }
-        let mut whole = Tokenizer::from_file(&tok_path)
-            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
-        // tokenizer.json files often ship fixed padding and a truncation length that is
-        // not the model's (all-MiniLM-L6-v2 ships 128 for a 256-token model). We pad per
-        // batch ourselves and truncate at sentence-transformers' max_seq_length.
-        whole.with_padding(None);
-        st.family.align_tokenizer(&mut whole);
-        whole
-            .with_truncation(None)
-            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let whole = st.model.tokenizer.clone();
         let mut truncating = whole.clone();
         truncate_at(&mut truncating, st.info.max_seq_length)?;
-
-        let weights = dir.join("model.safetensors");
-        if !weights.is_file() {
-            return Err(ModelError::File {
-                path: weights,
-                source: std::io::Error::from(std::io::ErrorKind::NotFound),
-            });
-        }
-        // SAFETY: the file is mapped read-only; gpulane does not write model files while
-        // serving, and a user who rewrites them underneath a running worker gets garbage
-        // embeddings, not memory unsafety in practice (candle copies into tensors).
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[weights], dtype, device)? };
-        let model = Encoder::load(&st.config, vb, dir)?;
+        let vb = st.model.var_builder(dtype, device)?;
+        let model = Encoder::load(&st.model.config, vb, dir)?;
+        let dense = st
+            .dense
+            .iter()
+            .map(|d| Dense::load(d, device))
+            .collect::<Result<_, _>>()?;
+        let mut info = st.info;
+        info.identity.dtype = dtype;
         Ok(Self {
             model,
+            dense,
             truncating,
             whole,
-            info: st.info,
+            info,
         })
     }
 
@@ -100,30 +134,74 @@ impl Embedder {
         self.info.batch_tokens = tokens.max(self.info.max_seq_length);
     }
 
+    /// Runs attention on the padded path, the one CUDA and f16/bf16 take, even on the
+    /// CPU in f32: for tests that hold that path to the f32 references.
+    #[doc(hidden)]
+    pub fn force_padded_attention(&mut self) {
+        self.model.force_padded();
+    }
+
     /// The model's description.
     pub fn info(&self) -> &ModelInfo {
         &self.info
     }
 
-    /// Tokenizes `texts` into rows, truncated at the model's limit when `truncate`, or
-    /// refused with [`ModelError::TextTooLong`] when a text is over it and not `truncate`.
-    pub(crate) fn encode(&self, texts: &[String], truncate: bool) -> Result<Vec<Row>, ModelError> {
-        let tok = if truncate {
+    /// The prompt a call's options resolve to: theirs, else the model's default.
+    fn prompt<'a>(&'a self, opts: &'a EmbedOptions) -> &'a str {
+        match &opts.prompt {
+            Some(p) => p,
+            None => self
+                .info
+                .default_prompt_name
+                .as_ref()
+                .and_then(|n| self.info.prompts.get(n))
+                .map_or("", String::as_str),
+        }
+    }
+
+    /// Tokenizes `texts`, each after the call's prompt, into rows, truncated at the
+    /// model's limit, or refused with [`ModelError::TextTooLong`] when a text is over it
+    /// and the call does not truncate. With `include_prompt: false` the prompt's tokens
+    /// are marked to be left out of pooling, counted as sentence-transformers counts them:
+    /// the prompt tokenized alone, special tokens included, less the last if it is a
+    /// special token (so a leading `[CLS]` / `<s>` is left out with the prompt).
+    pub(crate) fn encode(
+        &self,
+        texts: &[String],
+        opts: &EmbedOptions,
+    ) -> Result<Vec<Row>, ModelError> {
+        let tok = if opts.truncate {
             &self.truncating
         } else {
             &self.whole
         };
+        let prompt = self.prompt(opts);
+        let skip = if prompt.is_empty() || self.info.include_prompt {
+            0
+        } else {
+            let alone = tok
+                .encode(prompt, true)
+                .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+            let trailing_special = alone.get_special_tokens_mask().last() == Some(&1);
+            alone.len() - usize::from(trailing_special)
+        };
         // Texts go to the tokenizer as they are, as sentence-transformers sends them: a
-        // byte-level BPE (ModernBERT) has tokens for spaces, so trimming would change the
-        // result; XLM-R's Metaspace drops edge whitespace itself once `align_tokenizer` has
-        // put WhitespaceSplit in front of it.
-        let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        // byte-level BPE (ModernBERT, Qwen3) has tokens for spaces, so trimming would
+        // change the result; XLM-R's Metaspace drops edge whitespace itself once the
+        // loader has put WhitespaceSplit in front of it.
+        let prompted: Vec<String>;
+        let inputs: Vec<&str> = if prompt.is_empty() {
+            texts.iter().map(String::as_str).collect()
+        } else {
+            prompted = texts.iter().map(|t| format!("{prompt}{t}")).collect();
+            prompted.iter().map(String::as_str).collect()
+        };
         let encodings = tok
             .encode_batch(inputs, true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         let rows: Vec<Row> = encodings
             .into_iter()
-            .map(|e| Row::single(e.get_ids().to_vec()))
+            .map(|e| Row::single(e.get_ids().to_vec()).skipping(skip))
             .collect();
         let limit = self.info.max_seq_length;
         if let Some((index, t)) = rows.iter().enumerate().find(|(_, t)| t.len() > limit) {
@@ -148,20 +226,20 @@ impl Embedder {
     /// Embeds `texts`, in input order, on the calling thread (no cross-call batching:
     /// that is the [`crate::Engine`]'s job).
     pub fn embed(&self, texts: &[String], opts: EmbedOptions) -> Result<Embeddings, ModelError> {
-        let rows = self.encode(texts, opts.truncate)?;
+        let rows = self.encode(texts, &opts)?;
         let token_counts = rows.iter().map(Row::len).collect();
         let limits = self.limits(MAX_BATCH_ROWS, std::time::Duration::ZERO);
         let vectors = run_now(self, &limits, rows)?;
-        Ok(self.finish(vectors, token_counts, opts))
+        Ok(self.finish(vectors, token_counts, &opts))
     }
 
-    /// Pooled vectors of one call into its result: normalized when the call or the
+    /// Pipeline output of one call into its result: normalized when the call or the
     /// model's pipeline asks.
     pub(crate) fn finish(
         &self,
         mut vectors: Vec<Vec<f32>>,
         token_counts: Vec<usize>,
-        opts: EmbedOptions,
+        opts: &EmbedOptions,
     ) -> Embeddings {
         if opts.normalize.unwrap_or(self.info.normalize) {
             vectors.iter_mut().for_each(|v| l2_normalize(v));
@@ -174,9 +252,12 @@ impl Embedder {
 }
 
 impl Forward for Embedder {
-    /// Pooled, unnormalized vectors, one per row.
+    /// Pooled vectors through any Dense layers, unnormalized, one per row.
     fn forward(&self, batch: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
-        let pooled = self.model.forward(batch)?.pool(self.info.pooling)?;
+        let mut pooled = self.model.forward(batch)?.pool(self.info.pooling)?;
+        for d in &self.dense {
+            pooled = d.forward(&pooled)?;
+        }
         Ok(pooled.to_device(&Device::Cpu)?.to_vec2()?)
     }
 }

@@ -15,8 +15,8 @@ use tokio::sync::{oneshot, watch};
 use crate::{
     batcher::{self, BatchCounters, BatchObserver, Forward, Progress, Request, Row},
     st_dir::{read_json, MAX_BATCH_ROWS},
-    CrossEncoder, CrossEncoderInfo, EmbedOptions, Embedder, Embeddings, ModelError, ModelInfo,
-    Scores,
+    CrossEncoder, CrossEncoderInfo, EmbedOptions, Embedder, Embeddings, ModelError, ModelIdentity,
+    ModelInfo, Scores,
 };
 
 /// Where an engine runs its model.
@@ -151,11 +151,19 @@ impl ModelKind {
         }
     }
 
+    /// Which model this is.
+    pub fn identity(&self) -> &ModelIdentity {
+        match self {
+            ModelKind::Embedder(i) => &i.identity,
+            ModelKind::CrossEncoder(i) => &i.identity,
+        }
+    }
+
     /// Bytes the weights occupy at `dtype_bytes` per parameter.
     pub fn weight_bytes(&self, dtype_bytes: u64) -> u64 {
         match self {
             ModelKind::Embedder(i) => i.weight_bytes(dtype_bytes),
-            ModelKind::CrossEncoder(i) => i.parameters * dtype_bytes,
+            ModelKind::CrossEncoder(i) => i.identity.parameters * dtype_bytes,
         }
     }
 
@@ -396,10 +404,11 @@ impl Engine {
         if !matches!(*self.model, Loaded::Embedder(_)) {
             return Err(ModelError::WrongKind("a cross-encoder cannot embed"));
         }
+        let call_opts = opts.clone();
         let (vectors, counts) = self
             .submit(
                 move |m| match m {
-                    Loaded::Embedder(e) => e.encode(&texts, opts.truncate),
+                    Loaded::Embedder(e) => e.encode(&texts, &call_opts),
                     Loaded::CrossEncoder(_) => unreachable!("checked above"),
                 },
                 progress,
@@ -407,7 +416,7 @@ impl Engine {
             )
             .await?;
         match &*self.model {
-            Loaded::Embedder(e) => Ok(e.finish(vectors, counts, opts)),
+            Loaded::Embedder(e) => Ok(e.finish(vectors, counts, &opts)),
             Loaded::CrossEncoder(_) => unreachable!("checked above"),
         }
     }

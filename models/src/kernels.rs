@@ -151,38 +151,102 @@ dispatch!(add_norm_row, add_norm_body,
 /// blocks, and an 8,192-token one needs a 256 × 8,192 score buffer per thread, not 8,192².
 const GLOBAL_BLOCK: usize = 256;
 
+/// The geometry of one attention: query heads, key/value heads (grouped-query attention:
+/// each K/V head serves `q / kv` consecutive query heads) and the head size. Packed rows
+/// are `[Q | K | V]`, `(q + 2·kv)·d` wide; the context is `q·d` wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Heads {
+    pub q: usize,
+    pub kv: usize,
+    pub d: usize,
+}
+
+impl Heads {
+    /// Multi-head attention over `hidden` split into `heads` (every encoder).
+    pub(crate) fn mha(hidden: usize, heads: usize) -> Self {
+        Self {
+            q: heads,
+            kv: heads,
+            d: hidden / heads,
+        }
+    }
+
+    /// Width of a packed `[Q | K | V]` row.
+    pub(crate) fn qkv_width(self) -> usize {
+        (self.q + 2 * self.kv) * self.d
+    }
+}
+
+/// Which keys a query sees, beyond its own row's real tokens.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Mask<'a> {
+    /// Every token of the row.
+    Full,
+    /// Tokens within w positions (ModernBERT's local layers).
+    Window(usize),
+    /// Tokens at or before it (decoders).
+    Causal,
+    /// Every token, with an additive per-head bias by relative position (MPNet).
+    Relative(&'a RelativeBias),
+}
+
+/// An additive attention bias that depends only on the head and the relative position
+/// j − i, for rows up to `span` tokens: `table[head · (2·span − 1) + (j − i + span − 1)]`
+/// for the packed kernel, and the same values as `[1, heads, span, span]` for the padded
+/// path.
+#[derive(Debug)]
+pub(crate) struct RelativeBias {
+    pub span: usize,
+    pub table: Vec<f32>,
+    pub padded: Option<Tensor>,
+}
+
 /// Attention for one sequence, every head: `qkv` holds its `len` packed rows of
-/// `[Q | K | V]` (3·H wide, Q pre-scaled by 1/√d), `out` its `len` rows of H. Per head,
-/// scores = Q·Kᵀ and out = softmax(scores)·V are two single-threaded gemm calls that read
-/// Q, K and V in place through strides (the caller runs sequences in parallel); only one
-/// score block exists at a time, never the batch's `[B, heads, T, T]`.
+/// `[Q | K | V]` (Q pre-scaled by 1/√d), `out` its `len` rows of `q·d`. Per head, scores =
+/// Q·Kᵀ and out = softmax(scores)·V are two single-threaded gemm calls that read Q, K and
+/// V in place through strides (the caller runs sequences in parallel); only one score
+/// block exists at a time, never the batch's `[B, heads, T, T]`.
 ///
 /// Queries go in blocks, so the score buffer is a block's rows by the keys they see:
-/// [`GLOBAL_BLOCK`] rows against every key without a window. With a `window` w, token i
-/// attends only to tokens j with |i − j| ≤ w (ModernBERT's local layers): blocks are
-/// max(w, 16) rows, each scored against only the keys its rows can see (the block widened
-/// by w on either side), so a local layer costs O(len · w) instead of O(len²); keys
-/// inside a block's range but outside a row's own window get weight 0, as a −∞ score
-/// would give them.
+/// [`GLOBAL_BLOCK`] rows against every key without a window (against the keys up to the
+/// block's last row when causal). With a `window` w, token i attends only to tokens j with
+/// |i − j| ≤ w (ModernBERT's local layers): blocks are max(w, 16) rows, each scored
+/// against only the keys its rows can see (the block widened by w on either side), so a
+/// local layer costs O(len · w) instead of O(len²); keys inside a block's range but outside
+/// a row's own window (or after it, when causal) get weight 0, as a −∞ score would give.
 fn attention_seq(
     qkv: &[f32],
     len: usize,
-    heads: usize,
-    window: Option<usize>,
+    heads: Heads,
+    mask: &Mask,
     out: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
-    let h = out.len() / len;
-    let d = h / heads;
-    let row = 3 * h as isize;
+    let Heads { q: nq, kv: nkv, d } = heads;
+    let h = nq * d;
+    let row = heads.qkv_width() as isize;
+    let group = nq / nkv;
     // A window that spans the whole sequence is no window.
-    let window = window.filter(|&w| w + 1 < len);
+    let window = match *mask {
+        Mask::Window(w) if w + 1 < len => Some(w),
+        _ => None,
+    };
+    let causal = matches!(mask, Mask::Causal);
     let block = window.map_or(GLOBAL_BLOCK, |w| w.max(16));
-    for head in 0..heads {
+    for head in 0..nq {
+        let kv = head / group;
+        let relative = match *mask {
+            Mask::Relative(r) => {
+                let w = 2 * r.span - 1;
+                Some((&r.table[head * w..(head + 1) * w], r.span))
+            }
+            _ => None,
+        };
         for i0 in (0..len).step_by(block) {
             let i1 = (i0 + block).min(len);
             let (lo, hi) = match window {
                 Some(w) => (i0.saturating_sub(w), (i1 + w).min(len)),
+                None if causal => (0, i1),
                 None => (0, len),
             };
             let (m, n) = (i1 - i0, hi - lo);
@@ -191,13 +255,13 @@ fn attention_seq(
                 scores.resize(m * n, 0.0);
             }
             let scores = &mut scores[..m * n];
-            let q = qkv[i0 * 3 * h + head * d..].as_ptr();
-            let k = qkv[lo * 3 * h + h + head * d..].as_ptr();
-            let v = qkv[lo * 3 * h + 2 * h + head * d..].as_ptr();
+            let q = qkv[i0 * row as usize + head * d..].as_ptr();
+            let k = qkv[lo * row as usize + h + kv * d..].as_ptr();
+            let v = qkv[lo * row as usize + h + nkv * d + kv * d..].as_ptr();
             // SAFETY: every index gemm forms stays inside the slices: Q rows i0..i1 and
-            // K, V rows lo..hi (all < len) at stride 3H from their head's column, columns
-            // c < d; scores is m × n; the output block is rows i0..i1 of H at this head's d
-            // columns. Nothing else aliases.
+            // K, V rows lo..hi (all < len) at the packed row stride from their head's
+            // column, columns c < d; scores is m × n; the output block is rows i0..i1 of
+            // q·d at this head's d columns. Nothing else aliases.
             unsafe {
                 // scores[m, n] = Q[i0..i1, d] · K[lo..hi, d]ᵀ
                 gemm::gemm(
@@ -223,16 +287,22 @@ fn attention_seq(
                 );
             }
             for (r, s) in scores.chunks_mut(n).enumerate() {
-                match window {
-                    Some(w) => {
-                        let i = i0 + r;
-                        let (a, b) = (i.saturating_sub(w) - lo, (i + w + 1).min(len) - lo);
-                        softmax_row(&mut s[a..b]);
-                        s[..a].fill(0.0);
-                        s[b..].fill(0.0);
+                let i = i0 + r;
+                let (a, b) = match window {
+                    Some(w) => (i.saturating_sub(w) - lo, (i + w + 1).min(len) - lo),
+                    None if causal => (0, i + 1 - lo),
+                    None => (0, n),
+                };
+                if let Some((bias, span)) = relative {
+                    // Key j = lo + c sits at j − i; the table is indexed from −(span − 1).
+                    let first = lo + span - 1 - i;
+                    for (x, &b) in s.iter_mut().zip(&bias[first..first + n]) {
+                        *x += b;
                     }
-                    None => softmax_row(s),
                 }
+                softmax_row(&mut s[a..b]);
+                s[..a].fill(0.0);
+                s[b..].fill(0.0);
             }
             // SAFETY: as above.
             unsafe {
@@ -412,8 +482,8 @@ impl CustomOp3 for AddNorm {
 struct PackedAttention<'a> {
     starts: &'a [usize],
     lens: &'a [usize],
-    heads: usize,
-    window: Option<usize>,
+    heads: Heads,
+    mask: Mask<'a>,
 }
 
 impl CustomOp1 for PackedAttention<'_> {
@@ -423,8 +493,11 @@ impl CustomOp1 for PackedAttention<'_> {
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
         let qkv = f32_slice(s1, l1, "attention qkv")?;
-        let (n, h3) = l1.shape().dims2()?;
-        let h = h3 / 3;
+        let (n, width) = l1.shape().dims2()?;
+        if width != self.heads.qkv_width() {
+            candle_core::bail!("attention: rows of {width} values for {:?}", self.heads);
+        }
+        let h = self.heads.q * self.heads.d;
         let mut out = vec![0f32; n * h];
         // Each sequence's output rows are one contiguous block: split them off in order
         // so sequences run in parallel without sharing anything mutable.
@@ -440,30 +513,35 @@ impl CustomOp1 for PackedAttention<'_> {
             .zip(self.starts.par_iter().zip(self.lens.par_iter()))
             .for_each_init(Vec::new, |scratch, (block, (&start, &len))| {
                 if len > 0 {
-                    let rows = &qkv[start * h3..(start + len) * h3];
-                    attention_seq(rows, len, self.heads, self.window, block, scratch);
+                    let rows = &qkv[start * width..(start + len) * width];
+                    attention_seq(rows, len, self.heads, &self.mask, block, scratch);
                 }
             });
         Ok((CpuStorage::F32(out), Shape::from((n, h))))
     }
 }
 
-/// Self-attention of packed rows: `qkv` is `[N, 3H]` (Q pre-scaled), rows `starts[i]..
-/// starts[i] + lens[i]` are sequence i, which attends only to itself (and, with a
-/// `window` w, only to its tokens within w positions); the result is `[N, H]`. CPU f32
-/// only (callers use the padded path elsewhere).
+/// Self-attention of packed rows: `qkv` is `[N, (q + 2·kv)·d]` (Q pre-scaled), rows
+/// `starts[i]..starts[i] + lens[i]` are sequence i, which attends only to itself, and
+/// within it only to the keys `mask` lets it see; the result is `[N, q·d]`. CPU f32 only
+/// (callers use the padded path elsewhere).
 pub(crate) fn attention(
     qkv: &Tensor,
     starts: &[usize],
     lens: &[usize],
-    heads: usize,
-    window: Option<usize>,
+    heads: Heads,
+    mask: Mask,
 ) -> Result<Tensor> {
+    if let Mask::Relative(r) = mask {
+        if lens.iter().any(|&l| l > r.span) || r.table.len() != heads.q * (2 * r.span - 1) {
+            candle_core::bail!("attention: relative bias table does not cover the batch");
+        }
+    }
     qkv.apply_op1_no_bwd(&PackedAttention {
         starts,
         lens,
         heads,
-        window,
+        mask,
     })
 }
 
@@ -547,6 +625,16 @@ pub(crate) fn band(
         .abs()?;
     distance
         .gt(window as f64)?
+        .to_dtype(dtype)?
+        .affine(OUTSIDE_WINDOW, 0.0)
+}
+
+/// The additive `[T, T]` causal mask, in `dtype`, built on `device`: 0 where key j ≤
+/// query i, [`OUTSIDE_WINDOW`] after (finite, for the same reason as the band's).
+pub(crate) fn causal(t: usize, dtype: DType, device: &candle_core::Device) -> Result<Tensor> {
+    let pos = Tensor::arange(0f32, t as f32, device)?;
+    pos.reshape((1, t))?
+        .broadcast_gt(&pos.reshape((t, 1))?)?
         .to_dtype(dtype)?
         .affine(OUTSIDE_WINDOW, 0.0)
 }
@@ -659,7 +747,7 @@ mod tests {
             .collect();
         let n: usize = lens.iter().sum();
         let qkv = randn(&[n, 3 * h], 1.0);
-        let got = attention(&qkv, &starts, &lens, heads, None).unwrap();
+        let got = attention(&qkv, &starts, &lens, Heads::mha(h, heads), Mask::Full).unwrap();
         // Reference: each sequence on its own with plain candle ops.
         for (&s, &len) in starts.iter().zip(&lens) {
             let rows = qkv.narrow(0, s, len).unwrap();
@@ -717,7 +805,14 @@ mod tests {
         let n: usize = lens.iter().sum();
         let starts = [0usize, 70, 74, 83];
         let qkv = randn(&[n, 3 * h], 1.0);
-        let got = attention(&qkv, &starts, &lens, heads, Some(window)).unwrap();
+        let got = attention(
+            &qkv,
+            &starts,
+            &lens,
+            Heads::mha(h, heads),
+            Mask::Window(window),
+        )
+        .unwrap();
         let band = band(t, window, DType::F32, &Device::Cpu).unwrap();
         for (&s, &len) in starts.iter().zip(&lens) {
             // Pad the sequence to t rows; padded keys are masked out.
@@ -768,13 +863,96 @@ mod tests {
             );
         }
         // The window matters: without it the long sequence comes out different.
-        let full = attention(&qkv, &starts, &lens, heads, None).unwrap();
+        let full = attention(&qkv, &starts, &lens, Heads::mha(h, heads), Mask::Full).unwrap();
         assert!(
             max_diff(
                 &full.narrow(0, 0, 70).unwrap(),
                 &got.narrow(0, 0, 70).unwrap()
             ) > 1e-3
         );
+    }
+
+    /// An additive attention term by (head, query, key).
+    type BiasFn<'a> = &'a dyn Fn(usize, usize, usize) -> f32;
+
+    /// Plain loops over one sequence's packed rows, for any [`Heads`] and an additive
+    /// bias per (head, query, key) (−∞ hides a key).
+    fn naive_attention(rows: &[f32], len: usize, heads: Heads, bias: BiasFn) -> Vec<f32> {
+        let w = heads.qkv_width();
+        let (h, d) = (heads.q * heads.d, heads.d);
+        let mut out = vec![0f32; len * h];
+        for head in 0..heads.q {
+            let kv = head / (heads.q / heads.kv);
+            for i in 0..len {
+                let q = &rows[i * w + head * d..][..d];
+                let s: Vec<f32> = (0..len)
+                    .map(|j| {
+                        let k = &rows[j * w + h + kv * d..][..d];
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() + bias(head, i, j)
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f32 = e.iter().sum();
+                for j in 0..len {
+                    let v = &rows[j * w + h + heads.kv * d + kv * d..][..d];
+                    for c in 0..d {
+                        out[i * h + head * d + c] += e[j] / z * v[c];
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Grouped-query heads, causal masks (over several query blocks) and a relative
+    /// bias, against plain loops.
+    #[test]
+    fn packed_attention_handles_grouped_heads_causal_and_relative_masks() {
+        let heads = Heads { q: 4, kv: 2, d: 8 };
+        let lens = [3usize, 300, 1, 17];
+        let starts = [0usize, 3, 303, 304];
+        let n: usize = lens.iter().sum();
+        let w = heads.qkv_width();
+        let qkv = randn(&[n, w], 1.0);
+        let flat: Vec<f32> = qkv.flatten_all().unwrap().to_vec1().unwrap();
+        let span = 300;
+        let table: Vec<f32> = (0..heads.q * (2 * span - 1))
+            .map(|k| ((k * 7919) % 13) as f32 / 5.0 - 1.2)
+            .collect();
+        let rel = RelativeBias {
+            span,
+            table: table.clone(),
+            padded: None,
+        };
+        let cases: [(Mask, BiasFn); 3] = [
+            (Mask::Full, &|_, _, _| 0.0),
+            (Mask::Causal, &|_, i, j| {
+                if j <= i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }),
+            (Mask::Relative(&rel), &|hd, i, j| {
+                table[hd * (2 * span - 1) + (j + span - 1 - i)]
+            }),
+        ];
+        for (mask, bias) in cases {
+            let got = attention(&qkv, &starts, &lens, heads, mask).unwrap();
+            assert_eq!(got.dims(), &[n, heads.q * heads.d]);
+            let got: Vec<f32> = got.flatten_all().unwrap().to_vec1().unwrap();
+            for (&s, &len) in starts.iter().zip(&lens) {
+                let want = naive_attention(&flat[s * w..(s + len) * w], len, heads, bias);
+                let h = heads.q * heads.d;
+                let diff = got[s * h..(s + len) * h]
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(diff < 1e-5, "{mask:?} at {s}: max diff {diff}");
+            }
+        }
     }
 
     #[test]

@@ -1,28 +1,32 @@
-//! Text models for gpulane: sentence-transformers directories loaded into candle, their
-//! tokenizers, pooling, and the per-device [`Engine`] thread that owns a loaded model.
+//! Text models for gpulane: sentence-transformers directories (BERT, XLM-RoBERTa,
+//! DistilBERT, MPNet, ModernBERT and Qwen3 families) loaded into candle, their tokenizers,
+//! pooling and Dense heads, and the per-device [`Engine`] thread that owns a loaded model.
 //!
 //! This crate knows nothing of Temporal: the activities layer above turns payloads into
 //! engine calls, and the runtime decides which device an engine lives on.
 #![warn(missing_docs)]
 
-mod backbone;
 mod batcher;
+mod checkpoint;
+mod config;
 mod cross_encoder;
 mod embedder;
 mod encoder;
 mod engine;
 mod error;
 mod kernels;
-mod modernbert;
+mod model_dir;
 mod pooling;
 mod st_dir;
 
 pub use crate::{
     batcher::{BatchCounters, BatchObserver, BatchTotals, Progress},
+    config::Family,
     cross_encoder::{CrossEncoder, CrossEncoderInfo, Scores},
     embedder::{EmbedOptions, Embedder, Embeddings},
     engine::{Engine, EngineDevice, EngineLife, EngineOptions, ModelKind},
     error::ModelError,
+    model_dir::{self_name, ModelIdentity},
     pooling::Pooling,
     st_dir::{ModelInfo, SentenceTransformerDir},
 };

@@ -10,6 +10,8 @@ pub enum Pooling {
     Max,
     /// The sum of real tokens divided by the square root of their count.
     MeanSqrtLen,
+    /// The last real token's vector (decoders: the EOS their tokenizer appends).
+    LastToken,
 }
 
 impl Pooling {
@@ -20,6 +22,7 @@ impl Pooling {
             Pooling::Mean => "mean",
             Pooling::Max => "max",
             Pooling::MeanSqrtLen => "mean_sqrt_len",
+            Pooling::LastToken => "lasttoken",
         }
     }
 }

@@ -85,6 +85,15 @@ pub struct EmbedResponse {
     pub embeddings: EmbeddingsOut,
     /// The model name that served the call.
     pub model: String,
+    /// Exactly which weights: the Hugging Face commit when the model came from the hub,
+    /// else `sha256:` and the hash of its weight files. Stored results outlive
+    /// deployments; this says what made them.
+    pub revision: String,
+    /// The dtype the model computed in (`f32`, `f16`, `bf16`).
+    pub dtype: String,
+    /// The model family (`bert`, `xlm-roberta`, `distilbert`, `mpnet`, `modernbert`,
+    /// `qwen3`).
+    pub family: String,
     /// Width of each vector.
     pub dimensions: usize,
     /// The device that served the call.

@@ -29,8 +29,10 @@ const MODEL_FILES: &[&str] = &[
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ModelDecl {
-    /// The name activities select it by.
-    pub name: String,
+    /// The name activities select it by; when not given, the name the model gives itself
+    /// (its README card's hub id, or config.json's `_name_or_path`), else its folder's.
+    #[serde(default)]
+    pub name: Option<String>,
     /// A directory, or a Hugging Face repo id (`org/name`).
     pub source: String,
     /// `f32` (default), `f16` or `bf16`. CPU lanes always run f32.
@@ -75,19 +77,11 @@ pub(crate) struct ModelSpec {
 
 fn decl_from_flag(s: &str) -> Result<ModelDecl, RuntimeError> {
     let (name, source) = match s.split_once('=') {
-        Some((n, p)) if !n.is_empty() && !n.contains('/') => (n.to_owned(), p.to_owned()),
-        _ => {
-            let name = Path::new(s.trim_end_matches('/'))
-                .file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .filter(|f| !f.is_empty())
-                .ok_or_else(|| {
-                    RuntimeError::Config(format!(
-                        "--model {s:?}: cannot name a model after this source; use NAME=SOURCE"
-                    ))
-                })?;
-            (name, s.to_owned())
-        }
+        Some((n, p)) if !n.is_empty() && !n.contains('/') => (Some(n.to_owned()), p.to_owned()),
+        // A repo id names itself: `BAAI/bge-small-en` is `bge-small-en`.
+        _ if looks_like_repo_id(s) => (s.rsplit('/').next().map(str::to_owned), s.to_owned()),
+        // A directory is named at resolve time, from its own files (see `ModelDecl::name`).
+        _ => (None, s.to_owned()),
     };
     Ok(ModelDecl {
         name,
@@ -98,6 +92,45 @@ fn decl_from_flag(s: &str) -> Result<ModelDecl, RuntimeError> {
         vram_cost: None,
         model_queue: None,
     })
+}
+
+/// The name of a model declared without one, from its resolved directory.
+fn derived_name(source: &str, path: &Path) -> Result<String, RuntimeError> {
+    let config = std::fs::read_to_string(path.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let name_or_path = config.as_ref().and_then(|c| c["_name_or_path"].as_str());
+    if let Some(n) = gpulane_models::self_name(path, name_or_path).filter(|n| valid_model_name(n)) {
+        return Ok(n);
+    }
+    Path::new(source.trim_end_matches('/'))
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .filter(|f| !f.is_empty())
+        .ok_or_else(|| {
+            RuntimeError::Config(format!(
+                "--model {source:?}: cannot name a model after this source; use NAME=SOURCE"
+            ))
+        })
+}
+
+/// Refuses a name that cannot name a queue or a metric label, or one already taken.
+fn check_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<(), RuntimeError> {
+    let mut seen = std::collections::HashSet::new();
+    for name in names {
+        if !valid_model_name(name) {
+            return Err(RuntimeError::Config(format!(
+                "model name {name:?}: use 1 to {MODEL_NAME_MAX} ASCII letters, digits, '-', '_' or '.' \
+                 (it names a queue and a metric label); with --model write NAME=SOURCE"
+            )));
+        }
+        if !seen.insert(name) {
+            return Err(RuntimeError::Config(format!(
+                "two models are named {name:?}: give each a distinct name (--model NAME=SOURCE, or name = \"...\" in the models file)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Every declared model, flags first, then the file's, in order; names must be unique.
@@ -121,21 +154,7 @@ pub(crate) fn declarations(args: &ModelArgs) -> Result<Vec<ModelDecl>, RuntimeEr
             "no model declared: pass --model NAME=SOURCE or --models-file FILE".to_owned(),
         ));
     }
-    for (i, d) in decls.iter().enumerate() {
-        if !valid_model_name(&d.name) {
-            return Err(RuntimeError::Config(format!(
-                "model name {:?}: use 1 to {MODEL_NAME_MAX} ASCII letters, digits, '-', '_' or '.' \
-                 (it names a queue and a metric label); with --model write NAME=SOURCE",
-                d.name
-            )));
-        }
-        if decls[..i].iter().any(|o| o.name == d.name) {
-            return Err(RuntimeError::Config(format!(
-                "two models are named {:?}: give each a distinct name",
-                d.name
-            )));
-        }
-    }
+    check_names(decls.iter().filter_map(|d| d.name.as_deref()))?;
     Ok(decls)
 }
 
@@ -211,9 +230,14 @@ pub(crate) async fn resolve(
     hub: &HubArgs,
     model_queues: bool,
 ) -> Result<Vec<ModelSpec>, RuntimeError> {
-    let mut out = Vec::with_capacity(decls.len());
+    let mut out: Vec<ModelSpec> = Vec::with_capacity(decls.len());
     for d in decls {
-        let bad = |what: String| RuntimeError::Config(format!("model {:?}: {what}", d.name));
+        let bad = |what: String| {
+            RuntimeError::Config(format!(
+                "model {:?}: {what}",
+                d.name.as_deref().unwrap_or(&d.source)
+            ))
+        };
         let dtype = match d.dtype.as_deref().unwrap_or("f32") {
             "f32" => DType::F32,
             "f16" => DType::F16,
@@ -234,6 +258,10 @@ pub(crate) async fn resolve(
             .transpose()
             .map_err(|e| bad(format!("vram_cost: {e}")))?;
         let path = resolve_source(&d.source, hub).await?;
+        let name = match d.name {
+            Some(n) => n,
+            None => derived_name(&d.source, &path)?,
+        };
         out.push(ModelSpec {
             path,
             dtype,
@@ -242,10 +270,11 @@ pub(crate) async fn resolve(
             batch_tokens: d.max_batch_tokens,
             vram_cost,
             model_queue: d.model_queue.unwrap_or(model_queues),
-            name: d.name,
+            name,
             source: d.source,
         });
     }
+    check_names(out.iter().map(|m| m.name.as_str()))?;
     Ok(out)
 }
 
@@ -263,15 +292,32 @@ mod tests {
     fn flags_name_models_after_their_folder_or_explicitly() {
         let d = decl_from_flag("minilm=/m/all-MiniLM").unwrap();
         assert_eq!(
-            (d.name.as_str(), d.source.as_str()),
-            ("minilm", "/m/all-MiniLM")
+            (d.name.as_deref(), d.source.as_str()),
+            (Some("minilm"), "/m/all-MiniLM")
         );
-        assert_eq!(decl_from_flag("/m/all-MiniLM/").unwrap().name, "all-MiniLM");
+        assert_eq!(decl_from_flag("/m/all-MiniLM/").unwrap().name, None);
         assert_eq!(
-            decl_from_flag("BAAI/bge-small-en").unwrap().name,
-            "bge-small-en"
+            decl_from_flag("BAAI/bge-small-en").unwrap().name.as_deref(),
+            Some("bge-small-en")
         );
-        assert!(decl_from_flag("/").is_err());
+        assert!(derived_name("/", Path::new("/nonexistent")).is_err());
+    }
+
+    /// A directory declared without a name takes the name its README card loads it by,
+    /// else its folder's.
+    #[test]
+    fn unnamed_directories_take_the_name_the_model_gives_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model");
+        std::fs::create_dir(&model).unwrap();
+        let src = model.to_str().unwrap();
+        assert_eq!(derived_name(src, &model).unwrap(), "model");
+        std::fs::write(
+            model.join("README.md"),
+            "model = SentenceTransformer('sentence-transformers/all-MiniLM-L6-v2')",
+        )
+        .unwrap();
+        assert_eq!(derived_name(src, &model).unwrap(), "all-MiniLM-L6-v2");
     }
 
     #[test]

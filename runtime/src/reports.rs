@@ -26,24 +26,33 @@ pub(crate) async fn print_models(args: &ModelArgs) -> Result<(), RuntimeError> {
             (true, false) => "gpu",
             _ => "cpu",
         };
+        let id = engine.kind().identity();
+        let common = format!(
+            "{arch}  family {family}  dtype {dtype}  revision {rev}",
+            arch = id.architecture,
+            family = id.family.as_str(),
+            dtype = m.dtype.as_str(),
+            rev = id.revision,
+        );
         match engine.kind() {
             ModelKind::Embedder(i) => println!(
-                "{name}  embedder  {arch}  pooling {pool}{norm}  max length {len}  dimensions {dim}  dtype {dtype:?}  lanes {lanes}  {path}",
+                "{name}  embedder  {common}  pooling {pool}{dense}{norm}  max length {len}  dimensions {dim}  lanes {lanes}  {path}",
                 name = m.name,
-                arch = i.architecture,
                 pool = i.pooling.as_str(),
+                dense = i
+                    .dense
+                    .iter()
+                    .map(|d| format!("+dense({d})"))
+                    .collect::<String>(),
                 norm = if i.normalize { "+normalize" } else { "" },
                 len = i.max_seq_length,
                 dim = i.dimensions,
-                dtype = m.dtype,
                 path = m.path.display(),
             ),
             ModelKind::CrossEncoder(i) => println!(
-                "{name}  cross-encoder  {arch}  max length {len}  dtype {dtype:?}  lanes {lanes}  {path}",
+                "{name}  cross-encoder  {common}  max length {len}  lanes {lanes}  {path}",
                 name = m.name,
-                arch = i.architecture,
                 len = i.max_length,
-                dtype = m.dtype,
                 path = m.path.display(),
             ),
         }

@@ -200,12 +200,16 @@ pub(crate) fn load_device(
         match engine.kind() {
             ModelKind::Embedder(info) => tracing::info!(model = %m.name,
                 path = %m.path.display(), device = plan.label(), kind = "embedder",
-                architecture = %info.architecture, pooling = info.pooling.as_str(),
+                architecture = %info.identity.architecture,
+                family = info.identity.family.as_str(), revision = %info.identity.revision,
+                pooling = info.pooling.as_str(),
                 max_seq_length = info.max_seq_length, dimensions = info.dimensions,
                 "model loaded"),
             ModelKind::CrossEncoder(info) => tracing::info!(model = %m.name,
                 path = %m.path.display(), device = plan.label(), kind = "cross-encoder",
-                architecture = %info.architecture, max_length = info.max_length,
+                architecture = %info.identity.architecture,
+                family = info.identity.family.as_str(), revision = %info.identity.revision,
+                max_length = info.max_length,
                 "model loaded"),
         }
         engines.push((m.clone(), engine));

@@ -18,11 +18,17 @@ def run_workflow(address, workflow, *args, timeout=180):
 
 
 def test_embed_on_cpu_lane_matches_sentence_transformers(temporal_address, gpulane):
-    g = gpulane("--model", f"all-MiniLM-L6-v2={minilm_dir()}", "--gpus", "none")
+    # Declared without a name: the model is named by its README card (the PyPI package's
+    # folder is just `model`).
+    g = gpulane("--model", str(minilm_dir()), "--gpus", "none")
     ref = load_reference("minilm")
     out = run_workflow(temporal_address, "EmbedOn", "cpu-tools", {"texts": ref["texts"]})
 
     assert out["model"] == "all-MiniLM-L6-v2"
+    # Which weights made the vectors: a plain directory's revision is its weights' hash.
+    weights = (minilm_dir() / "model.safetensors").read_bytes()
+    assert out["revision"] == "sha256:" + __import__("hashlib").sha256(weights).hexdigest()
+    assert (out["dtype"], out["family"]) == ("f32", "bert")
     assert out["dimensions"] == 384
     assert out["device"] == {"kind": "cpu", "name": "cpu", "simulated": False}
     assert out["host_task_queue"] == f"cpu-tools.{g.host}"

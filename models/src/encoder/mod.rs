@@ -1,0 +1,224 @@
+//! gpulane's own forward passes, over *packed* rows: the tokens of every row of a batch
+//! concatenated, with no padding. One file per family: `bert` (BERT, XLM-RoBERTa,
+//! DistilBERT and MPNet, which share post-norm layers), `mpnet` (its relative position
+//! bias), `modernbert` and `qwen3`; `batch` lays out rows and runs attention, `layers`,
+//! `act` and `rope` are the pieces families share.
+//!
+//! Why not candle-transformers' models: they pad every row to the batch's longest and run
+//! every dense layer over the padding too (17% of the tokens of a short-sentence corpus
+//! even after length sorting), and their element-wise steps were slow on the CPU (see
+//! `kernels`). Here the dense layers (three quarters of the FLOPs) see only real tokens;
+//! attention alone pads, per batch, off the CPU. Weights are laid out once at load for
+//! the fused steps: Q, K and V as one matrix with the 1/√d scale folded in, every matrix
+//! transposed to `[in, out]`.
+
+mod act;
+mod batch;
+mod bert;
+mod layers;
+mod modernbert;
+mod mpnet;
+mod qwen3;
+mod rope;
+
+use candle_core::{DType, Tensor};
+use candle_nn::VarBuilder;
+
+pub(crate) use self::{act::Act, layers::Norm};
+use self::{bert::Bert, modernbert::ModernBert, qwen3::Qwen3};
+use crate::{
+    batcher::Row,
+    config::{Arch, ModelConfig},
+    ModelError, Pooling,
+};
+
+/// A loaded encoder of any family gpulane runs. Blocking: call it from an engine thread.
+pub(crate) enum Encoder {
+    Bert(Bert),
+    ModernBert(ModernBert),
+    Qwen3(Qwen3),
+}
+
+impl Encoder {
+    /// Loads the encoder of the checkpoint at `vb` (its root; each family finds its own
+    /// prefix), as `config` describes it.
+    pub(crate) fn load(
+        config: &ModelConfig,
+        vb: VarBuilder,
+        path: &std::path::Path,
+    ) -> Result<Self, ModelError> {
+        Ok(match &config.arch {
+            Arch::ModernBert(c) => Encoder::ModernBert(ModernBert::load(c, vb, path)?),
+            Arch::Qwen3(c) => Encoder::Qwen3(Qwen3::load(c, vb, path)?),
+            _ => Encoder::Bert(Bert::load(config, vb, path)?),
+        })
+    }
+
+    /// Makes attention take the padded path (CUDA's, f16's) on the CPU in f32 too, so
+    /// tests can hold that path to the f32 references.
+    pub(crate) fn force_padded(&mut self) {
+        match self {
+            Encoder::Bert(m) => m.force_padded = true,
+            Encoder::ModernBert(m) => m.force_padded = true,
+            Encoder::Qwen3(m) => m.force_padded = true,
+        }
+    }
+
+    /// Token vectors for `rows`, packed (see the module doc).
+    pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
+        match self {
+            Encoder::Bert(m) => m.forward(rows),
+            Encoder::ModernBert(m) => m.forward(rows),
+            Encoder::Qwen3(m) => m.forward(rows),
+        }
+    }
+}
+
+/// Token vectors of a packed batch: `[N, H]` for N real tokens, with each row's start,
+/// length, and leading tokens left out of pooling.
+pub(crate) struct Packed {
+    pub(crate) hidden: Tensor,
+    pub(crate) starts: Vec<usize>,
+    pub(crate) lens: Vec<usize>,
+    pub(crate) skips: Vec<usize>,
+}
+
+impl Packed {
+    /// The vector of one token of each row, `offset(start, len)` its packed index, `[B, H]`.
+    fn pick(&self, offset: impl Fn(usize, usize) -> usize) -> Result<Tensor, ModelError> {
+        let idx: Vec<u32> = self
+            .starts
+            .iter()
+            .zip(&self.lens)
+            .map(|(&s, &l)| offset(s, l) as u32)
+            .collect();
+        let n = idx.len();
+        let idx = Tensor::from_vec(idx, n, self.hidden.device())?;
+        Ok(self.hidden.index_select(&idx, 0)?)
+    }
+
+    /// The first token's vector of each row (`[CLS]` / `<s>`), `[B, H]`.
+    pub(crate) fn first_tokens(&self) -> Result<Tensor, ModelError> {
+        self.pick(|s, _| s)
+    }
+
+    /// One vector per row under `pooling`, `[B, H]` in f32. Mean, max and mean-sqrt-len
+    /// leave out each row's skipped leading tokens, as sentence-transformers' pooling does
+    /// with `include_prompt: false`; CLS and last-token pooling take their token as is.
+    pub(crate) fn pool(&self, pooling: Pooling) -> Result<Tensor, ModelError> {
+        // CLS and last-token convert only the rows they keep; the others read every token.
+        let hidden = || self.hidden.to_dtype(DType::F32);
+        Ok(match pooling {
+            Pooling::Cls => self.first_tokens()?.to_dtype(DType::F32)?,
+            // Rows are never empty: every tokenizer here adds at least one special token.
+            Pooling::LastToken => self.pick(|s, l| s + l.max(1) - 1)?.to_dtype(DType::F32)?,
+            Pooling::Mean | Pooling::MeanSqrtLen => {
+                let hidden = hidden()?;
+                // A [B, N] weight matrix: one matmul averages every row's own tokens.
+                let (b, n) = (self.lens.len(), hidden.dim(0)?);
+                let mut w = vec![0f32; b * n];
+                for (i, ((&s, &len), &skip)) in self
+                    .starts
+                    .iter()
+                    .zip(&self.lens)
+                    .zip(&self.skips)
+                    .enumerate()
+                {
+                    let used = len - skip;
+                    // sentence-transformers clamps the count at 1e-9.
+                    let count = (used as f32).max(1e-9);
+                    let weight = if pooling == Pooling::Mean {
+                        1.0 / count
+                    } else {
+                        1.0 / count.sqrt()
+                    };
+                    w[i * n + s + skip..i * n + s + len].fill(weight);
+                }
+                Tensor::from_vec(w, (b, n), hidden.device())?.matmul(&hidden)?
+            }
+            Pooling::Max => {
+                let hidden = hidden()?;
+                let h = hidden.dim(1)?;
+                let rows = self
+                    .starts
+                    .iter()
+                    .zip(&self.lens)
+                    .zip(&self.skips)
+                    .map(|((&s, &len), &skip)| {
+                        if skip >= len {
+                            Tensor::zeros(h, DType::F32, hidden.device())
+                        } else {
+                            hidden.narrow(0, s + skip, len - skip)?.max(0)
+                        }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Tensor::stack(&rows, 0)?
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+
+    use super::*;
+
+    /// Two packed rows: three tokens, then two.
+    fn packed(skips: Vec<usize>) -> Packed {
+        let hidden = Tensor::new(
+            &[[1f32, 2.], [3., 4.], [5., 6.], [1., -1.], [3., 1.]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        Packed {
+            hidden,
+            starts: vec![0, 3],
+            lens: vec![3, 2],
+            skips,
+        }
+    }
+
+    fn pool(p: Pooling) -> Vec<Vec<f32>> {
+        packed(vec![0, 0]).pool(p).unwrap().to_vec2().unwrap()
+    }
+
+    #[test]
+    fn mean_averages_each_rows_own_tokens() {
+        assert_eq!(pool(Pooling::Mean), vec![vec![3., 4.], vec![2., 0.]]);
+    }
+
+    #[test]
+    fn cls_takes_each_rows_first_token() {
+        assert_eq!(pool(Pooling::Cls), vec![vec![1., 2.], vec![1., -1.]]);
+    }
+
+    #[test]
+    fn last_token_takes_each_rows_last_token() {
+        assert_eq!(pool(Pooling::LastToken), vec![vec![5., 6.], vec![3., 1.]]);
+    }
+
+    #[test]
+    fn max_stays_within_each_row() {
+        assert_eq!(pool(Pooling::Max), vec![vec![5., 6.], vec![3., 1.]]);
+    }
+
+    #[test]
+    fn mean_sqrt_len_divides_by_root_count() {
+        let out = pool(Pooling::MeanSqrtLen);
+        assert!((out[1][0] - 4. / 2f32.sqrt()).abs() < 1e-6 && out[1][1].abs() < 1e-6);
+        assert!((out[0][0] - 9. / 3f32.sqrt()).abs() < 1e-5);
+    }
+
+    /// A skipped prompt is left out of mean and max, never out of the last token.
+    #[test]
+    fn skipped_leading_tokens_are_not_pooled() {
+        let p = packed(vec![1, 0]);
+        let mean: Vec<Vec<f32>> = p.pool(Pooling::Mean).unwrap().to_vec2().unwrap();
+        assert_eq!(mean, vec![vec![4., 5.], vec![2., 0.]]);
+        let max: Vec<Vec<f32>> = p.pool(Pooling::Max).unwrap().to_vec2().unwrap();
+        assert_eq!(max[0], vec![5., 6.]);
+        let last: Vec<Vec<f32>> = p.pool(Pooling::LastToken).unwrap().to_vec2().unwrap();
+        assert_eq!(last[0], vec![5., 6.]);
+    }
+}

@@ -1,0 +1,114 @@
+//! Rotary position embeddings (ModernBERT, Qwen3), rotate-half style as transformers'
+//! `apply_rotary_pos_emb`.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::{kernels::Heads, ModelError};
+
+/// cos and sin of every position's rotation angles, `[positions, d/2]`, in f32: Q and K
+/// are rotated in f32 whatever the model's dtype, as transformers does.
+pub(crate) struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    /// The angles transformers computes: `inv_freq = 1 / theta^(2k/d)` and
+    /// `angle = position · inv_freq`, both in f32 as there (at position 8000 an f64 angle
+    /// would differ from the reference by ~1e-3 rad), then cos and sin of that f32 angle.
+    pub(crate) fn new(
+        theta: f64,
+        d: usize,
+        positions: usize,
+        dev: &Device,
+    ) -> Result<Self, ModelError> {
+        let half = d / 2;
+        let inv: Vec<f32> = (0..half)
+            .map(|k| 1.0 / (theta as f32).powf((2 * k) as f32 / d as f32))
+            .collect();
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
+        for p in 0..positions {
+            for &f in &inv {
+                let angle = (p as f32 * f) as f64;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Ok(Self {
+            cos: Tensor::from_vec(cos, (positions, half), dev)?,
+            sin: Tensor::from_vec(sin, (positions, half), dev)?,
+        })
+    }
+
+    /// Each packed token's cos and sin, `[N, 1, d/2]`: one "batch" per token, so candle's
+    /// rotary kernel spreads tokens over threads and each gets its own position.
+    pub(crate) fn at(&self, pos: &Tensor) -> Result<(Tensor, Tensor), ModelError> {
+        let n = pos.dim(0)?;
+        let half = self.cos.dim(1)?;
+        Ok((
+            self.cos.index_select(pos, 0)?.reshape((n, 1, half))?,
+            self.sin.index_select(pos, 0)?.reshape((n, 1, half))?,
+        ))
+    }
+}
+
+/// Rotates Q and K of packed `qkv` (`[N, (q + 2·kv)·d]`) by each token's angles (`[N, 1,
+/// d/2]`, f32), rotate-half style, in f32 and rounded back to `qkv`'s dtype once, as
+/// transformers does; V passes through.
+pub(crate) fn rotate(
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    heads: Heads,
+) -> Result<Tensor, ModelError> {
+    let n = qkv.dim(0)?;
+    let rotated = heads.q + heads.kv;
+    let qk = qkv
+        .narrow(1, 0, rotated * heads.d)?
+        .to_dtype(DType::F32)?
+        .contiguous()?
+        .reshape((n, 1, rotated, heads.d))?;
+    let qk = candle_nn::rotary_emb::rope_thd(&qk, cos, sin)?
+        .reshape((n, rotated * heads.d))?
+        .to_dtype(qkv.dtype())?;
+    let v = qkv.narrow(1, rotated * heads.d, heads.kv * heads.d)?;
+    Ok(Tensor::cat(&[qk, v], 1)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rotation is transformers' rotate-half: (x1, x2) → (x1·cos − x2·sin,
+    /// x2·cos + x1·sin) per head, on Q and K only (K with fewer heads too).
+    #[test]
+    fn rotate_turns_q_and_k_halves_and_keeps_v() {
+        for heads in [Heads { q: 2, kv: 2, d: 4 }, Heads { q: 4, kv: 2, d: 4 }] {
+            let w = heads.qkv_width();
+            let qkv: Vec<f32> = (0..w).map(|i| i as f32 + 1.0).collect();
+            let qkv = Tensor::from_vec(qkv.clone(), (1, w), &Device::Cpu).unwrap();
+            let (c, s) = (0.6f32, 0.8f32);
+            let cos = Tensor::new(&[[[c, c]]], &Device::Cpu).unwrap();
+            let sin = Tensor::new(&[[[s, s]]], &Device::Cpu).unwrap();
+            let got: Vec<f32> = rotate(&qkv, &cos, &sin, heads)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let x: Vec<f32> = qkv.flatten_all().unwrap().to_vec1().unwrap();
+            let d = heads.d;
+            for head in 0..heads.q + heads.kv {
+                let b = head * d;
+                for k in 0..d / 2 {
+                    let (x1, x2) = (x[b + k], x[b + k + d / 2]);
+                    assert!((got[b + k] - (x1 * c - x2 * s)).abs() < 1e-5);
+                    assert!((got[b + k + d / 2] - (x2 * c + x1 * s)).abs() < 1e-5);
+                }
+            }
+            let v = (heads.q + heads.kv) * d;
+            assert_eq!(&got[v..], &x[v..]);
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! The families beyond BERT, XLM-R and ModernBERT, against sentence-transformers'
+//! references (`models/tests/data/make_tiny_families.py`, CPU, float32): MPNet,
+//! DistilBERT, BERT with a Dense head, and Qwen3 (last token, instruction prompts, a
+//! sharded bf16-stored checkpoint). Each runs on both attention paths (the packed CPU
+//! kernel and the padded path CUDA takes) and in several groupings of mixed-length rows,
+//! so neither padding nor packing can leak between rows unseen.
+
+mod common;
+
+use common::*;
+use gpulane_models::{EmbedOptions, Embedder, Family, ModelError, Pooling};
+
+/// Embeds the reference texts in one call, then in groups of five (other neighbours, other
+/// padding), then in reverse order, on both attention paths, and compares each to the
+/// reference. Returns the reference and the model (packed path) for further checks.
+fn check(name: &str, family: Family, pooling: Pooling) -> (serde_json::Value, Embedder) {
+    let dir = own_fixture(name);
+    for padded in [true, false] {
+        let (r, mut model) = embedder_and_reference(&dir, candle_core::DType::F32);
+        if padded {
+            model.force_padded_attention();
+        }
+        let what = format!("{name} ({} path)", if padded { "padded" } else { "packed" });
+        assert_eq!(model.info().identity.family, family, "{what}");
+        assert_eq!(model.info().pooling, pooling, "{what}");
+        assert_eq!(
+            model.info().max_seq_length as u64,
+            r["max_seq_length"].as_u64().unwrap()
+        );
+        let texts = texts(&r);
+        let want = floats(&r["embeddings"]);
+        let out = model.embed(&texts, EmbedOptions::default()).unwrap();
+        let counts: Vec<usize> = serde_json::from_value(r["token_counts"].clone()).unwrap();
+        assert_eq!(out.token_counts, counts, "{what}: token counts");
+        assert!(
+            counts.iter().min() < counts.iter().max(),
+            "{what}: the texts must differ in length"
+        );
+        assert_close(&out.vectors, &want, &what);
+        for (i, group) in texts.chunks(5).enumerate() {
+            let got = model.embed(group, EmbedOptions::default()).unwrap();
+            assert_close(&got.vectors, &want[i * 5..i * 5 + group.len()], &what);
+        }
+        let reversed: Vec<String> = texts.iter().rev().cloned().collect();
+        let mut got = model
+            .embed(&reversed, EmbedOptions::default())
+            .unwrap()
+            .vectors;
+        got.reverse();
+        assert_close(&got, &want, &format!("{what}, reversed"));
+        if !padded {
+            return (r, model);
+        }
+    }
+    unreachable!("the loop returns on its packed pass")
+}
+
+/// The reference's `prompt_name` prompt on its first texts gives `prompted_embeddings`.
+fn check_prompted(r: &serde_json::Value, model: &Embedder, what: &str) {
+    let name = r["prompt_name"].as_str().unwrap();
+    let want = floats(&r["prompted_embeddings"]);
+    let texts = texts(r)[..want.len()].to_vec();
+    let opts = EmbedOptions {
+        prompt: Some(model.info().prompts[name].clone()),
+        ..Default::default()
+    };
+    let got = model.embed(&texts, opts).unwrap();
+    assert_close(&got.vectors, &want, what);
+    let plain = model.embed(&texts, EmbedOptions::default()).unwrap();
+    assert!(
+        cosine(&plain.vectors[0], &got.vectors[0]) < 0.9999,
+        "{what}: the prompt must change the vectors"
+    );
+}
+
+/// MPNet (all-mpnet-base-v2's architecture): relative position buckets, positions after
+/// the padding index, mean pooling, Normalize; its prompt is left out of pooling
+/// (`include_prompt: false`), as Instructor-style models ask.
+#[test]
+fn mpnet_mean_matches_sentence_transformers() {
+    let (r, model) = check("tiny-mpnet-mean", Family::MpNet, Pooling::Mean);
+    assert!(!model.info().include_prompt);
+    check_prompted(&r, &model, "tiny-mpnet-mean with its query prompt");
+}
+
+/// DistilBERT (msmarco-distilbert's architecture): its own weight names, no token types,
+/// CLS pooling, no Normalize.
+#[test]
+fn distilbert_cls_matches_sentence_transformers() {
+    let (_, model) = check("tiny-distilbert-cls", Family::DistilBert, Pooling::Cls);
+    assert!(!model.info().normalize);
+}
+
+/// BERT, mean pooling, a Dense(32→16, tanh) module, then Normalize, as
+/// sentence-transformers 6.2 saves it (its new module paths and pooling config).
+#[test]
+fn bert_with_a_dense_head_matches_sentence_transformers() {
+    let (_, model) = check("tiny-bert-dense", Family::Bert, Pooling::Mean);
+    assert_eq!(model.info().dense, ["32→16 tanh"]);
+    assert_eq!(model.info().dimensions, 16);
+}
+
+/// Qwen3 (Qwen3-Embedding's architecture): causal grouped-query attention, q/k norms,
+/// RoPE, last-token pooling of the EOS the tokenizer appends, with and without its
+/// instruction prompt.
+#[test]
+fn qwen3_last_token_matches_sentence_transformers() {
+    let (r, model) = check("tiny-qwen3-last", Family::Qwen3, Pooling::LastToken);
+    check_prompted(&r, &model, "tiny-qwen3-last with its query prompt");
+}
+
+/// A checkpoint in three bf16-stored shards (`model.safetensors.index.json`), upcast to
+/// f32 at load.
+#[test]
+fn a_sharded_bf16_checkpoint_matches_sentence_transformers() {
+    let (_, model) = check("tiny-qwen3-sharded", Family::Qwen3, Pooling::LastToken);
+    let id = &model.info().identity;
+    assert_eq!(id.dtype, candle_core::DType::F32);
+    assert!(id.revision.starts_with("sha256:") && id.revision.len() == 7 + 64);
+    assert!(id.parameters > 0);
+}
+
+/// A copy of a fixture directory in a temporary folder, to break on purpose.
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    fn copy(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                copy(&p, &to.join(e.file_name()));
+            } else {
+                std::fs::copy(&p, to.join(e.file_name())).unwrap();
+            }
+        }
+    }
+    copy(&own_fixture(name), tmp.path());
+    tmp
+}
+
+fn load_err(dir: &std::path::Path) -> String {
+    match Embedder::load(dir, &candle_core::Device::Cpu, candle_core::DType::F32) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => {
+            assert!(!e.is_retryable());
+            e.to_string()
+        }
+    }
+}
+
+/// A module gpulane does not run stops the model at load, naming it and modules.json.
+#[test]
+fn an_unsupported_module_is_refused_at_load() {
+    let tmp = copy_fixture("tiny-bert-dense");
+    let modules = tmp.path().join("modules.json");
+    let text = std::fs::read_to_string(&modules).unwrap().replace(
+        "sentence_transformers.base.modules.dense.Dense",
+        "sentence_transformers.models.WordWeights",
+    );
+    std::fs::write(&modules, text).unwrap();
+    let err = load_err(tmp.path());
+    assert!(
+        err.contains("WordWeights") && err.contains("modules.json"),
+        "{err}"
+    );
+}
+
+/// Weights only as a PyTorch pickle are refused naming the file and the conversion.
+#[test]
+fn pytorch_model_bin_is_refused_at_load() {
+    let tmp = copy_fixture("tiny-distilbert-cls");
+    std::fs::remove_file(tmp.path().join("model.safetensors")).unwrap();
+    std::fs::write(tmp.path().join("pytorch_model.bin"), b"not read").unwrap();
+    let err = load_err(tmp.path());
+    assert!(err.contains("pytorch_model.bin"), "{err}");
+    assert!(err.contains("safe_serialization=True"), "{err}");
+    assert!(matches!(
+        Embedder::load(
+            tmp.path(),
+            &candle_core::Device::Cpu,
+            candle_core::DType::F32
+        ),
+        Err(ModelError::Unsupported { .. })
+    ));
+}
