@@ -109,6 +109,29 @@ fn qwen3_last_token_matches_sentence_transformers() {
     check_prompted(&r, &model, "tiny-qwen3-last with its query prompt");
 }
 
+/// A model whose config_sentence_transformers.json names a `default_prompt_name` gets
+/// that prompt on calls that name none, and none with an explicit empty prompt.
+#[test]
+fn the_default_prompt_applies_when_a_call_names_none() {
+    let tmp = copy_fixture("tiny-qwen3-last");
+    let st = tmp.path().join("config_sentence_transformers.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&st).unwrap()).unwrap();
+    cfg["default_prompt_name"] = "query".into();
+    std::fs::write(&st, cfg.to_string()).unwrap();
+    let (r, model) = embedder_and_reference(tmp.path(), candle_core::DType::F32);
+    let want = floats(&r["prompted_embeddings"]);
+    let texts = texts(&r)[..want.len()].to_vec();
+    let got = model.embed(&texts, EmbedOptions::default()).unwrap();
+    assert_close(&got.vectors, &want, "default prompt");
+    let none = EmbedOptions {
+        prompt: Some(String::new()),
+        ..Default::default()
+    };
+    let got = model.embed(&texts, none).unwrap();
+    assert_close(&got.vectors, &floats(&r["embeddings"])[..want.len()], "no prompt");
+}
+
 /// A checkpoint in three bf16-stored shards (`model.safetensors.index.json`), upcast to
 /// f32 at load.
 #[test]
