@@ -60,6 +60,10 @@ pub enum ActivityError {
         /// The types gpulane serves.
         known: Vec<&'static str>,
     },
+    /// Storage was unreachable, throttled or failed a request (`embed_dataset`).
+    /// Retryable: the next attempt resumes from the last part written.
+    #[error("storage: {0}; Temporal retries, and the job resumes from its last written part")]
+    StorageUnavailable(String),
     /// The model layer failed; retryable as [`ModelError::is_retryable`] says.
     #[error("{}", model_message(.0))]
     Model(#[from] ModelError),
@@ -81,7 +85,8 @@ impl ActivityError {
             ActivityError::Model(e) => e.is_retryable(),
             ActivityError::ModelNotServed { .. }
             | ActivityError::Internal(_)
-            | ActivityError::WorkerShutdown(_) => true,
+            | ActivityError::WorkerShutdown(_)
+            | ActivityError::StorageUnavailable(_) => true,
             ActivityError::InvalidInput(_)
             | ActivityError::UnknownModel { .. }
             | ActivityError::ResultTooLarge { .. }
@@ -124,6 +129,7 @@ impl ActivityError {
             ActivityError::ModelNotServed { .. } => failure::MODEL_NOT_SERVED,
             ActivityError::Internal(_) => failure::INTERNAL_ERROR,
             ActivityError::WorkerShutdown(_) => failure::WORKER_SHUTDOWN,
+            ActivityError::StorageUnavailable(_) => failure::STORAGE_UNAVAILABLE,
             ActivityError::UnknownActivity { .. } => failure::UNKNOWN_ACTIVITY,
             ActivityError::ResultTooLarge { .. } => failure::RESULT_TOO_LARGE,
             ActivityError::Model(ModelError::TextTooLong { .. }) => failure::TEXT_TOO_LONG,

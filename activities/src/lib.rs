@@ -4,6 +4,7 @@
 //! Temporal completion.
 #![warn(missing_docs)]
 
+mod dataset;
 mod embed;
 mod error;
 mod input;
@@ -12,7 +13,8 @@ mod rerank;
 mod service;
 
 pub use crate::{
+    dataset::{DataRoots, DatasetObserver, PartOutcome},
     error::ActivityError,
     limits::Limits,
-    service::{DeviceActivities, ModelSet, Ran, Route},
+    service::{Call, DeviceActivities, ModelSet, Ran, Route},
 };

@@ -8,6 +8,7 @@ use gpulane_proto::{
 };
 
 use crate::{
+    dataset::{DataRoots, DatasetObserver},
     embed::parse_embed,
     input::{invalid, quote},
     rerank::parse_rerank,
@@ -50,6 +51,47 @@ pub struct Ran {
     pub model: Option<String>,
     /// The JSON result, or why it failed.
     pub result: Result<Vec<u8>, ActivityError>,
+}
+
+/// How one task reached this worker: its queue's kind, its progress (for heartbeats), the
+/// details of the last heartbeat of an earlier attempt, and its Temporal priority.
+pub struct Call<'a> {
+    /// The kind of queue the task came on.
+    pub route: &'a Route,
+    /// Counts rows done and carries a job's heartbeat details.
+    pub progress: &'a Progress,
+    /// The last heartbeat's details of an earlier attempt (JSON), if any: where a retried
+    /// `embed_dataset` resumes.
+    pub last_heartbeat: Option<&'a [u8]>,
+    /// Temporal's priority key, 1 (most urgent) to 5; unset (0) means the default, 3.
+    pub priority_key: i32,
+}
+
+impl Call<'_> {
+    /// The engine priority: the priority key, with Temporal's default for unset.
+    pub(crate) fn priority(&self) -> i32 {
+        if self.priority_key <= 0 {
+            3
+        } else {
+            self.priority_key
+        }
+    }
+}
+
+/// The embedding options `embed` and `embed_dataset` share.
+pub(crate) struct EmbedSpec {
+    pub normalize: Option<bool>,
+    pub truncate: Option<bool>,
+    pub dimensions: Option<usize>,
+    pub prompt: Option<String>,
+    pub prompt_name: Option<String>,
+}
+
+/// Vectors of one call after the options: cut to `dimensions`, normalized as asked.
+pub(crate) struct Embedded {
+    pub vectors: Vec<Vec<f32>>,
+    pub token_counts: Vec<usize>,
+    pub dimensions: usize,
 }
 
 /// Which kind of model an activity needs.
@@ -174,6 +216,8 @@ struct Inner {
     host_task_queue: String,
     limits: Limits,
     fault_hooks: bool,
+    data_roots: DataRoots,
+    dataset_observer: Option<Arc<dyn DatasetObserver>>,
 }
 
 impl DeviceActivities {
@@ -192,6 +236,8 @@ impl DeviceActivities {
                 host_task_queue,
                 limits,
                 fault_hooks: false,
+                data_roots: DataRoots::default(),
+                dataset_observer: None,
             }),
         }
     }
@@ -205,9 +251,34 @@ impl DeviceActivities {
         self
     }
 
+    /// Where `embed_dataset` may read and write, and who hears about its parts.
+    pub fn with_datasets(
+        mut self,
+        roots: DataRoots,
+        observer: Option<Arc<dyn DatasetObserver>>,
+    ) -> Self {
+        let inner = Arc::get_mut(&mut self.inner)
+            .expect("data roots are set before the activities are shared; this is a bug");
+        inner.data_roots = roots;
+        inner.dataset_observer = observer;
+        self
+    }
+
+    pub(crate) fn data_roots(&self) -> &DataRoots {
+        &self.inner.data_roots
+    }
+
+    pub(crate) fn dataset_observer(&self) -> Option<Arc<dyn DatasetObserver>> {
+        self.inner.dataset_observer.clone()
+    }
+
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
     /// The activity types served.
     pub fn activity_types() -> Vec<&'static str> {
-        vec![activity::EMBED, activity::RERANK]
+        vec![activity::EMBED, activity::RERANK, activity::EMBED_DATASET]
     }
 
     /// The models served.
@@ -220,25 +291,19 @@ impl DeviceActivities {
         &self.inner.device
     }
 
-    /// Runs `activity_type` on a JSON `input` that came on a queue of kind `route`, and
-    /// returns the JSON output. `progress` counts the texts (or documents) done, for
-    /// heartbeats.
-    pub async fn run(
-        &self,
-        activity_type: &str,
-        input: &[u8],
-        route: &Route,
-        progress: &Progress,
-    ) -> Ran {
+    /// Runs `activity_type` on a JSON `input` that reached this worker as `call` says, and
+    /// returns the JSON output.
+    pub async fn run(&self, activity_type: &str, input: &[u8], call: &Call<'_>) -> Ran {
         let limits = &self.inner.limits;
         let models = &self.inner.models;
+        let (route, progress) = (call.route, call.progress);
         match activity_type {
             activity::EMBED => {
                 let picked = parse_embed(input, limits).and_then(|req| {
                     let engine = models.get(req.model.as_deref(), Need::Embedder, route)?;
                     Ok((req, engine))
                 });
-                self.finish(picked, |engine, req| self.embed_on(engine, req, progress),
+                self.finish(picked, |engine, req| self.embed_on(engine, req, call),
                     "send fewer texts per call, ask for \"encoding\": \"base64\" (about 3x smaller), or fewer \"dimensions\"")
                     .await
             }
@@ -247,9 +312,21 @@ impl DeviceActivities {
                     let engine = models.get(req.model.as_deref(), Need::CrossEncoder, route)?;
                     Ok((req, engine))
                 });
-                self.finish(picked, |engine, req| self.rerank_on(engine, req, progress),
+                self.finish(picked, |engine, req| self.rerank_on(engine, req, progress, call.priority()),
                     "send fewer documents per call, set \"top_n\", or leave \"return_documents\" off")
                     .await
+            }
+            activity::EMBED_DATASET => {
+                let picked = crate::dataset::parse(input).and_then(|req| {
+                    let engine = models.get(req.model.as_deref(), Need::Embedder, route)?;
+                    Ok((req, engine))
+                });
+                self.finish(
+                    picked,
+                    |engine, req| crate::dataset::run(self, engine, req, call),
+                    "a manifest lists one entry per part: raise \"part_rows\" or split the job into shards",
+                )
+                .await
             }
             other => Ran {
                 model: None,
@@ -339,41 +416,11 @@ impl DeviceActivities {
         &self,
         engine: &Engine,
         req: EmbedRequest,
-        progress: &Progress,
+        call: &Call<'_>,
     ) -> Result<EmbedResponse, ActivityError> {
         let ModelKind::Embedder(info) = engine.kind() else {
             unreachable!("get() returned a non-embedder for Need::Embedder; this is a bug")
         };
-        let full = info.dimensions;
-        let dimensions = match req.dimensions {
-            Some(d) if d > full => {
-                return Err(ActivityError::InvalidInput(format!(
-                    "field \"dimensions\" is {d}, over the model's {full}: pass at most {full} or omit it"
-                )))
-            }
-            Some(d) => d,
-            None => full,
-        };
-        // No prompt named: the model's default prompt (if it has one) applies, in the
-        // models layer, and counts against the limits here like any other.
-        let prefix = match (&req.prompt, &req.prompt_name) {
-            (Some(p), _) => Some(p.clone()),
-            (None, Some(name)) => Some(info.prompts.get(name).cloned().ok_or_else(|| {
-                ActivityError::InvalidInput(format!(
-                    "field \"prompt_name\" is {}; this model's prompts are {:?} (config_sentence_transformers.json); or pass \"prompt\" text",
-                    quote(name),
-                    info.prompts.keys().collect::<Vec<_>>()
-                ))
-            })?),
-            (None, None) => None,
-        };
-        let default_prompt = info
-            .default_prompt_name
-            .as_ref()
-            .and_then(|n| info.prompts.get(n));
-        if let Some(p) = prefix.as_ref().or(default_prompt) {
-            self.check_prompted(p, &req.texts)?;
-        }
         if self.inner.fault_hooks {
             match req.texts.first().map(String::as_str) {
                 Some(FAULT_ENGINE_PANIC) => {
@@ -389,24 +436,17 @@ impl DeviceActivities {
                 _ => {}
             }
         }
-        let normalize = req.normalize.unwrap_or(info.normalize);
-        let opts = EmbedOptions {
-            normalize: Some(normalize),
-            truncate: req.truncate.unwrap_or(true),
-            prompt: prefix,
+        let spec = EmbedSpec {
+            normalize: req.normalize,
+            truncate: req.truncate,
+            dimensions: req.dimensions,
+            prompt: req.prompt,
+            prompt_name: req.prompt_name,
         };
-        let out = engine.embed(req.texts, opts, progress).await?;
-        let mut vectors = out.vectors;
-        if dimensions < full {
-            for v in &mut vectors {
-                v.truncate(dimensions);
-                // A Matryoshka prefix of a unit vector is not unit: re-normalize.
-                if normalize {
-                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-                    v.iter_mut().for_each(|x| *x /= norm);
-                }
-            }
-        }
+        let out = self
+            .embed_texts(engine, &spec, req.texts, call.progress, call.priority())
+            .await?;
+        let (vectors, dimensions) = (out.vectors, out.dimensions);
         let embeddings = if req.encoding.as_deref() == Some("base64") {
             EmbeddingsOut::Base64(
                 vectors
@@ -435,6 +475,76 @@ impl DeviceActivities {
         })
     }
 
+    /// Embeds `texts` on `engine` under `spec`: checks the options against the model
+    /// (dimensions, prompt names) and the prompt against the limits, then cuts and
+    /// re-normalizes Matryoshka prefixes. Shared by `embed` and `embed_dataset`.
+    pub(crate) async fn embed_texts(
+        &self,
+        engine: &Engine,
+        spec: &EmbedSpec,
+        texts: Vec<String>,
+        progress: &Progress,
+        priority: i32,
+    ) -> Result<Embedded, ActivityError> {
+        let ModelKind::Embedder(info) = engine.kind() else {
+            unreachable!("embed_texts is called with embedders only; this is a bug")
+        };
+        let full = info.dimensions;
+        let dimensions = match spec.dimensions {
+            Some(d) if d > full || d == 0 => {
+                return Err(ActivityError::InvalidInput(format!(
+                    "field \"dimensions\" is {d}, outside 1 to the model's {full}: pass at most {full} or omit it"
+                )))
+            }
+            Some(d) => d,
+            None => full,
+        };
+        // No prompt named: the model's default prompt (if it has one) applies, in the
+        // models layer, and counts against the limits here like any other.
+        let prefix = match (&spec.prompt, &spec.prompt_name) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(name)) => Some(info.prompts.get(name).cloned().ok_or_else(|| {
+                ActivityError::InvalidInput(format!(
+                    "field \"prompt_name\" is {}; this model's prompts are {:?} (config_sentence_transformers.json); or pass \"prompt\" text",
+                    quote(name),
+                    info.prompts.keys().collect::<Vec<_>>()
+                ))
+            })?),
+            (None, None) => None,
+        };
+        let default_prompt = info
+            .default_prompt_name
+            .as_ref()
+            .and_then(|n| info.prompts.get(n));
+        if let Some(p) = prefix.as_ref().or(default_prompt) {
+            self.check_prompted(p, &texts)?;
+        }
+        let normalize = spec.normalize.unwrap_or(info.normalize);
+        let opts = EmbedOptions {
+            normalize: Some(normalize),
+            truncate: spec.truncate.unwrap_or(true),
+            prompt: prefix,
+            priority,
+        };
+        let out = engine.embed(texts, opts, progress).await?;
+        let mut vectors = out.vectors;
+        if dimensions < full {
+            for v in &mut vectors {
+                v.truncate(dimensions);
+                // A Matryoshka prefix of a unit vector is not unit: re-normalize.
+                if normalize {
+                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+                    v.iter_mut().for_each(|x| *x /= norm);
+                }
+            }
+        }
+        Ok(Embedded {
+            vectors,
+            token_counts: out.token_counts,
+            dimensions,
+        })
+    }
+
     /// The `rerank` activity on an already-validated request and its chosen
     /// cross-encoder: results sorted by score, highest first, cut to `top_n`.
     async fn rerank_on(
@@ -442,6 +552,7 @@ impl DeviceActivities {
         engine: &Engine,
         req: RerankRequest,
         progress: &Progress,
+        priority: i32,
     ) -> Result<RerankResponse, ActivityError> {
         let raw = req.raw_scores.unwrap_or(false);
         let with_docs = req.return_documents.unwrap_or(false);
@@ -451,7 +562,9 @@ impl DeviceActivities {
         } else {
             (req.documents, None)
         };
-        let scored = engine.score(req.query, documents, progress).await?;
+        let scored = engine
+            .score(req.query, documents, progress, priority)
+            .await?;
         let mut results: Vec<RerankResult> = scored
             .logits
             .iter()

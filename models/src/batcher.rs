@@ -11,13 +11,18 @@
 //! finishes within its own round. A call whose caller went away (cancelled, timed out) has
 //! its rows dropped before each batch.
 //!
+//! Calls carry a *priority* (Temporal's priority key: lower is more urgent). A round
+//! takes the most urgent waiting calls first (arrival order among equals, so equal
+//! priorities are never starved), and inside a round the more urgent calls' rows fill the
+//! first batches: one lane can carry interactive calls beside a bulk job.
+//!
 //! This module knows nothing of candle: a model is anything that implements [`Forward`],
 //! which is what lets the tests check order, budgets and cancellation with a fake.
 
 use std::{
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
-        mpsc::{Receiver, RecvTimeoutError, TryRecvError},
+        mpsc::{Receiver, RecvTimeoutError},
         Arc,
     },
     time::{Duration, Instant},
@@ -83,19 +88,48 @@ impl BatchLimits {
     }
 }
 
-/// How many of a call's rows have been computed; the runtime reads it to heartbeat
-/// progress on long calls. Clones share the count.
+/// How many of a call's rows have been computed, and what a long job wants its next
+/// heartbeat to say; the runtime reads both to heartbeat progress. Clones share them.
 #[derive(Debug, Clone, Default)]
-pub struct Progress(Arc<AtomicUsize>);
+pub struct Progress {
+    done: Arc<AtomicUsize>,
+    details: Arc<std::sync::Mutex<Option<serde_json::Value>>>,
+    beat: Arc<tokio::sync::Notify>,
+}
 
 impl Progress {
     /// Rows (texts or pairs) finished so far.
     pub fn done(&self) -> usize {
-        self.0.load(Ordering::Relaxed)
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Starts counting the rows of a new piece of work from zero.
+    pub fn reset(&self) {
+        self.done.store(0, Ordering::Relaxed);
     }
 
     fn add(&self, n: usize) {
-        self.0.fetch_add(n, Ordering::Relaxed);
+        self.done.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Sets what heartbeats carry besides the count (a job's parts done) and asks for a
+    /// heartbeat now rather than at the next tick.
+    pub fn set_details(&self, details: serde_json::Value) {
+        *self.details.lock().expect("progress details poisoned") = Some(details);
+        self.beat.notify_one();
+    }
+
+    /// The details last set, if any.
+    pub fn details(&self) -> Option<serde_json::Value> {
+        self.details
+            .lock()
+            .expect("progress details poisoned")
+            .clone()
+    }
+
+    /// Resolves when [`Progress::set_details`] asks for a heartbeat.
+    pub async fn beat_requested(&self) {
+        self.beat.notified().await
     }
 }
 
@@ -114,6 +148,8 @@ pub(crate) struct Request {
     /// A health check's call: computed like any other, but not counted in metrics, so
     /// the probes do not show up as traffic.
     pub(crate) probe: bool,
+    /// Lower runs first (Temporal's priority key, defaulted by the caller).
+    pub(crate) priority: i32,
 }
 
 /// Told about each forward pass and each round's start, on the engine thread, so the
@@ -204,44 +240,68 @@ pub(crate) fn serve(
     queue: Receiver<Request>,
     observer: &dyn BatchObserver,
 ) {
-    while let Ok(first) = queue.recv() {
-        let round = gather(first, &queue, &limits);
+    let mut waiting: Vec<Request> = Vec::new();
+    loop {
+        if waiting.is_empty() {
+            match queue.recv() {
+                Ok(first) => waiting.push(first),
+                Err(_) => return,
+            }
+        }
+        let round = gather(&mut waiting, &queue, &limits);
         run_round(model, &limits, round, observer);
     }
 }
 
-/// The calls of one round: `first`, then whatever else is queued or arrives before the
-/// oldest call has waited `limits.wait`, until a full batch is pending.
-fn gather(first: Request, queue: &Receiver<Request>, limits: &BatchLimits) -> Vec<Request> {
-    let mut round = vec![first];
-    if limits.wait.is_zero() {
-        return round;
+/// Moves every call already in `queue` to `waiting`.
+fn drain(waiting: &mut Vec<Request>, queue: &Receiver<Request>) {
+    while let Ok(r) = queue.try_recv() {
+        waiting.push(r);
     }
-    let deadline = round[0].arrived + limits.wait;
-    let (mut rows, mut tokens) = (0, 0);
+}
+
+/// The calls of one round, taken from `waiting` most urgent first (then oldest): the
+/// calls queued, plus whatever arrives before the most urgent call has waited
+/// `limits.wait`, until a full batch is pending. The rest stay waiting.
+fn gather(
+    waiting: &mut Vec<Request>,
+    queue: &Receiver<Request>,
+    limits: &BatchLimits,
+) -> Vec<Request> {
+    drain(waiting, queue);
+    // Stable: equal priorities keep arrival order.
+    waiting.sort_by_key(|r| r.priority);
+    if limits.wait.is_zero() {
+        return vec![waiting.remove(0)];
+    }
+    let deadline = waiting[0].arrived + limits.wait;
     loop {
-        let last = round
-            .last()
-            .expect("a round has a first call; this is a bug");
-        rows += last.rows.len();
-        tokens += last.rows.iter().map(Row::len).sum::<usize>();
-        if rows >= limits.rows || tokens >= limits.tokens {
-            return round;
+        let (mut rows, mut tokens) = (0, 0);
+        let mut full = None;
+        for (i, r) in waiting.iter().enumerate() {
+            rows += r.rows.len();
+            tokens += r.rows.iter().map(Row::len).sum::<usize>();
+            if rows >= limits.rows || tokens >= limits.tokens {
+                full = Some(i + 1);
+                break;
+            }
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        let next = if left.is_zero() {
-            // Past the wait: still take what is already queued, without waiting more.
-            queue
-                .try_recv()
-                .map_err(|e| matches!(e, TryRecvError::Empty))
-        } else {
-            queue
-                .recv_timeout(left)
-                .map_err(|e| matches!(e, RecvTimeoutError::Timeout))
-        };
-        match next {
-            Ok(r) => round.push(r),
-            Err(_) => return round,
+        if let Some(n) = full {
+            return waiting.drain(..n).collect();
+        }
+        if left.is_zero() {
+            return std::mem::take(waiting);
+        }
+        match queue.recv_timeout(left) {
+            Ok(r) => {
+                waiting.push(r);
+                drain(waiting, queue);
+                waiting.sort_by_key(|r| r.priority);
+            }
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                return std::mem::take(waiting)
+            }
         }
     }
 }
@@ -271,6 +331,7 @@ fn run_round(
     let mut rows = Vec::new();
     let mut open = Vec::with_capacity(round.len());
     let began = Instant::now();
+    let round_priorities: Vec<i32> = round.iter().map(|r| r.priority).collect();
     for (call, req) in round.into_iter().enumerate() {
         if !req.probe {
             observer.queued(began.saturating_duration_since(req.arrived));
@@ -297,8 +358,10 @@ fn run_round(
         }
         open.push(o);
     }
-    // Stable: equal lengths keep arrival order, so batches are deterministic.
-    rows.sort_by_key(|(_, _, row)| row.len());
+    // More urgent calls' rows first, then by length; stable, so equal keys keep arrival
+    // order and batches are deterministic.
+    let priority: Vec<i32> = round_priorities;
+    rows.sort_by_key(|(call, _, row)| (priority[*call], row.len()));
     let mut start = 0;
     while start < rows.len() {
         // Rows of calls nobody waits for any more leave the queue here.
@@ -398,6 +461,7 @@ pub(crate) fn run_now(
         span: tracing::Span::current(),
         arrived: Instant::now(),
         probe: false,
+        priority: 0,
     };
     run_round(model, limits, vec![req], &BatchCounters::default());
     rx.try_recv()
@@ -475,6 +539,7 @@ mod tests {
             span: tracing::Span::none(),
             arrived: Instant::now(),
             probe: false,
+            priority: 0,
         };
         (req, rx)
     }
@@ -499,6 +564,50 @@ mod tests {
             *model.batches.lock().unwrap(),
             vec![vec![4, 2], vec![3, 5], vec![1]]
         );
+    }
+
+    /// Inside a round, an urgent call's rows fill the first batch even though they are
+    /// longer; among equal priorities rows stay length-sorted.
+    #[test]
+    fn urgent_rows_go_into_the_first_batches() {
+        let model = Fake::default();
+        let (mut bulk, _rb) = request(vec![row(1, 2), row(2, 3)]);
+        bulk.priority = 3;
+        let (mut urgent, mut ru) = request(vec![row(9, 8)]);
+        urgent.priority = 1;
+        run_round(
+            &model,
+            &limits(1, 1000, 5),
+            vec![bulk, urgent],
+            &BatchCounters::default(),
+        );
+        assert_eq!(ru.try_recv().unwrap().unwrap(), vec![vec![9., 8.]]);
+        assert_eq!(
+            *model.batches.lock().unwrap(),
+            vec![vec![9], vec![1], vec![2]]
+        );
+    }
+
+    /// The next round takes the most urgent waiting call first, and the oldest among
+    /// equals, whatever order they were queued in.
+    #[test]
+    fn a_round_takes_the_most_urgent_then_the_oldest_calls() {
+        let (tx, queue) = mpsc::channel();
+        let mut waiting = Vec::new();
+        for (tag, priority) in [(1u32, 3), (2, 3), (3, 1), (4, 3)] {
+            let (mut r, rx) = request(vec![row(tag, 2)]);
+            r.priority = priority;
+            std::mem::forget(rx);
+            tx.send(r).unwrap();
+        }
+        let first = |w: &mut Vec<Request>| {
+            let round = gather(w, &queue, &limits(1, 1000, 5));
+            round.iter().map(|r| r.rows[0].ids[0]).collect::<Vec<_>>()
+        };
+        assert_eq!(first(&mut waiting), vec![3]);
+        assert_eq!(first(&mut waiting), vec![1]);
+        assert_eq!(first(&mut waiting), vec![2]);
+        assert_eq!(first(&mut waiting), vec![4]);
     }
 
     #[test]

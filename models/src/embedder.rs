@@ -26,6 +26,8 @@ pub struct EmbedOptions {
     /// Text put before every input (an instruction, `"query: "`); `None` applies the
     /// model's `default_prompt_name` prompt if it has one, `Some("")` no prompt.
     pub prompt: Option<String>,
+    /// Scheduling priority in the engine: lower runs first (Temporal's priority key).
+    pub priority: i32,
 }
 
 impl Default for EmbedOptions {
@@ -34,6 +36,7 @@ impl Default for EmbedOptions {
             normalize: None,
             truncate: true,
             prompt: None,
+            priority: 0,
         }
     }
 }

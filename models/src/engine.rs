@@ -330,7 +330,7 @@ impl Engine {
                 .await
                 .map(drop),
             Loaded::CrossEncoder(_) => self
-                .score_call("ok".to_owned(), vec!["ok".to_owned()], &progress, true)
+                .score_call("ok".to_owned(), vec!["ok".to_owned()], &progress, true, 0)
                 .await
                 .map(drop),
         }
@@ -359,6 +359,7 @@ impl Engine {
         encode: impl FnOnce(&Loaded) -> Result<Vec<Row>, ModelError> + Send + 'static,
         progress: &Progress,
         probe: bool,
+        priority: i32,
     ) -> Result<(Vec<Vec<f32>>, Vec<usize>), ModelError> {
         let model = self.model.clone();
         let rows = tokio::task::spawn_blocking(move || encode(&model))
@@ -375,6 +376,7 @@ impl Engine {
             span: tracing::Span::current(),
             arrived: Instant::now(),
             probe,
+            priority,
         };
         self.queue
             .send(request)
@@ -405,6 +407,7 @@ impl Engine {
             return Err(ModelError::WrongKind("a cross-encoder cannot embed"));
         }
         let call_opts = opts.clone();
+        let priority = opts.priority;
         let (vectors, counts) = self
             .submit(
                 move |m| match m {
@@ -413,6 +416,7 @@ impl Engine {
                 },
                 progress,
                 probe,
+                priority,
             )
             .await?;
         match &*self.model {
@@ -422,14 +426,17 @@ impl Engine {
     }
 
     /// Scores `documents` against `query` (cross-encoders only), batched with other
-    /// concurrent calls; `progress` counts finished documents.
+    /// concurrent calls; `progress` counts finished documents; lower `priority` runs
+    /// first.
     pub async fn score(
         &self,
         query: String,
         documents: Vec<String>,
         progress: &Progress,
+        priority: i32,
     ) -> Result<Scores, ModelError> {
-        self.score_call(query, documents, progress, false).await
+        self.score_call(query, documents, progress, false, priority)
+            .await
     }
 
     async fn score_call(
@@ -438,6 +445,7 @@ impl Engine {
         documents: Vec<String>,
         progress: &Progress,
         probe: bool,
+        priority: i32,
     ) -> Result<Scores, ModelError> {
         if !matches!(*self.model, Loaded::CrossEncoder(_)) {
             return Err(ModelError::WrongKind("an embedder cannot rerank"));
@@ -450,6 +458,7 @@ impl Engine {
                 },
                 progress,
                 probe,
+                priority,
             )
             .await?;
         Ok(Scores::from_rows(rows, counts))

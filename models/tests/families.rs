@@ -129,7 +129,11 @@ fn the_default_prompt_applies_when_a_call_names_none() {
         ..Default::default()
     };
     let got = model.embed(&texts, none).unwrap();
-    assert_close(&got.vectors, &floats(&r["embeddings"])[..want.len()], "no prompt");
+    assert_close(
+        &got.vectors,
+        &floats(&r["embeddings"])[..want.len()],
+        "no prompt",
+    );
 }
 
 /// A checkpoint in three bf16-stored shards (`model.safetensors.index.json`), upcast to

@@ -7,11 +7,13 @@
 //! Everything here is plain data; nothing depends on Temporal or on the models.
 #![warn(missing_docs)]
 
+mod dataset;
 mod embed;
 mod names;
 mod rerank;
 
 pub use crate::{
+    dataset::{DatasetProgress, EmbedDatasetRequest, Manifest, PartRef, RowRange, Shard},
     embed::{DeviceInfo, DeviceKind, EmbedRequest, EmbedResponse, EmbeddingsOut, Usage},
     names::{
         activity, cpu_host_queue, failure, gpu_card_queue, model_queue, sanitize_host,

@@ -18,6 +18,9 @@ pub mod activity {
     pub const EMBED: &str = "embed";
     /// Cross-encoder reranking: [`crate::RerankRequest`] in, [`crate::RerankResponse`] out.
     pub const RERANK: &str = "rerank";
+    /// A whole dataset from storage to Parquet parts: [`crate::EmbedDatasetRequest`] in,
+    /// [`crate::Manifest`] out.
+    pub const EMBED_DATASET: &str = "embed_dataset";
 }
 
 /// Application failure type names a workflow can match on (`ApplicationError.type` in
@@ -50,6 +53,9 @@ pub mod failure {
     pub const WORKER_SHUTDOWN: &str = "WorkerShutdown";
     /// A bug in gpulane (a panic) ended the activity. Retried; the worker keeps serving.
     pub const INTERNAL_ERROR: &str = "InternalError";
+    /// Storage was unreachable, throttled or failed a request. Retried; `embed_dataset`
+    /// resumes from its last written part.
+    pub const STORAGE_UNAVAILABLE: &str = "StorageUnavailable";
 }
 
 /// Makes a host name safe and stable inside a queue name: lower case, and anything but

@@ -373,6 +373,12 @@ pub struct RunArgs {
     #[arg(long, env = "GPULANE_CARD_RETRY_SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub card_retry_secs: u64,
 
+    /// Where `embed_dataset` may read datasets and write parts: `file:///absolute/dir`
+    /// or `s3://bucket/prefix` (repeatable). S3 endpoint and credentials come from the
+    /// standard AWS environment variables. None: `embed_dataset` is refused.
+    #[arg(long = "data-root", env = "GPULANE_DATA_ROOT", value_delimiter = ',')]
+    pub data_roots: Vec<String>,
+
     /// Test-only fault hooks (texts that kill an engine or panic an activity). Never in
     /// service.
     #[arg(long, env = "GPULANE_TEST_FAULTS", hide = true, value_parser = clap::builder::FalseyValueParser::new())]

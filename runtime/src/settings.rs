@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use gpulane_activities::Limits;
+use gpulane_activities::{DataRoots, Limits};
 use temporalio_client::Url;
 use temporalio_common::worker::{WorkerDeploymentOptions, WorkerDeploymentVersion};
 use temporalio_sdk_core::{PollerBehavior, WorkerVersioningStrategy};
@@ -138,6 +138,8 @@ pub(crate) struct Settings {
     pub versioning: WorkerVersioningStrategy,
     pub model_queues: bool,
     pub test_faults: bool,
+    /// Where `embed_dataset` reads and writes.
+    pub data_roots: DataRoots,
 }
 
 /// `host:port` (or `off`) as a socket address; a name is resolved once, now.
@@ -285,6 +287,7 @@ impl Settings {
             versioning,
             model_queues: args.model_queues,
             test_faults: args.test_faults,
+            data_roots: DataRoots::parse(&args.data_roots).map_err(config)?,
         })
     }
 

@@ -237,7 +237,11 @@ pub(crate) fn load_device(
         plan.host_queue.clone(),
         settings.limits,
     )
-    .with_fault_hooks(settings.test_faults);
+    .with_fault_hooks(settings.test_faults)
+    .with_datasets(
+        settings.data_roots.clone(),
+        Some(metrics.datasets(plan.label())),
+    );
     Ok(DeviceSetup {
         plan,
         engines,

@@ -16,7 +16,7 @@ use std::{
 };
 
 use futures::FutureExt;
-use gpulane_activities::{ActivityError, DeviceActivities, Ran, Route};
+use gpulane_activities::{ActivityError, Call, DeviceActivities, Ran, Route};
 use gpulane_models::Progress;
 use temporalio_common::protos::coresdk::{
     activity_result::ActivityExecutionResult,
@@ -147,8 +147,14 @@ async fn outcome(lane: &Lane, start: &Start, progress: &Progress) -> (Ran, Optio
     let work = async {
         match input_json(&start.input) {
             Ok(input) => {
+                let call = Call {
+                    route: &lane.route,
+                    progress,
+                    last_heartbeat: start.heartbeat_details.last().map(|p| p.data.as_slice()),
+                    priority_key: start.priority.as_ref().map_or(0, |p| p.priority_key),
+                };
                 lane.activities
-                    .run(&start.activity_type, input, &lane.route, progress)
+                    .run(&start.activity_type, input, &call)
                     .await
             }
             Err(e) => Ran {
@@ -196,10 +202,21 @@ async fn execute(
                 let mut tick = tokio::time::interval(every);
                 tick.tick().await;
                 loop {
-                    tick.tick().await;
+                    // On the tick, or at once when a job has just finished a part (its
+                    // details are what a retried attempt resumes from).
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = progress.beat_requested() => {}
+                    }
                     // Details show in the UI and `describe`; a long call's count shows
                     // it moves.
-                    let details = serde_json::json!({ "done": progress.done() });
+                    let details = match progress.details() {
+                        Some(mut d) => {
+                            d["done"] = progress.done().into();
+                            d
+                        }
+                        None => serde_json::json!({ "done": progress.done() }),
+                    };
                     worker.record_activity_heartbeat(ActivityHeartbeat {
                         task_token: token.clone(),
                         details: vec![json_payload(details.to_string().into_bytes())],

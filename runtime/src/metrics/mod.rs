@@ -12,6 +12,7 @@ mod core;
 
 use std::{sync::Arc, time::Duration};
 
+use gpulane_activities::{DatasetObserver, PartOutcome};
 use gpulane_models::BatchObserver;
 use gpulane_proto::activity;
 use prometheus::{
@@ -20,6 +21,26 @@ use prometheus::{
 };
 
 pub(crate) use self::core::CoreBridge;
+
+/// The parts of one device's dataset jobs, into `gpulane_dataset_*`.
+struct DatasetCounts {
+    metrics: Arc<Metrics>,
+    device: String,
+}
+
+impl DatasetObserver for DatasetCounts {
+    fn part(&self, model: &str, outcome: PartOutcome, rows: usize) {
+        let m = &self.metrics;
+        m.dataset_parts
+            .with_label_values(&[self.device.as_str(), model, outcome.as_str()])
+            .inc();
+        if outcome == PartOutcome::Written {
+            m.dataset_rows
+                .with_label_values(&[self.device.as_str(), model])
+                .inc_by(rows as u64);
+        }
+    }
+}
 
 /// Label keys.
 const GPU_UUID: &str = "gpu_uuid";
@@ -36,6 +57,7 @@ pub(crate) fn activity_label(activity_type: &str) -> &'static str {
     match activity_type {
         activity::EMBED => activity::EMBED,
         activity::RERANK => activity::RERANK,
+        activity::EMBED_DATASET => activity::EMBED_DATASET,
         _ => "other",
     }
 }
@@ -79,6 +101,8 @@ pub(crate) struct Metrics {
     activity_seconds: HistogramVec,
     lane_polling: IntGaugeVec,
     model_not_served: IntCounterVec,
+    dataset_parts: IntCounterVec,
+    dataset_rows: IntCounterVec,
     panics: IntCounterVec,
     ready: IntGauge,
 }
@@ -224,6 +248,16 @@ impl Default for Metrics {
                 "1 while the lane polls its task queue, 0 while it is drained, stopping or failed.",
                 &[TASK_QUEUE, DEVICE],
             ),
+            dataset_parts: counter(
+                "gpulane_dataset_parts_total",
+                "embed_dataset part files, per device, model and outcome (written by this attempt, or skipped: found written by an earlier attempt its last heartbeat named).",
+                &[DEVICE, MODEL, OUTCOME],
+            ),
+            dataset_rows: counter(
+                "gpulane_dataset_rows_total",
+                "embed_dataset rows written to part files, per device and model.",
+                &engine,
+            ),
             model_not_served: counter(
                 "gpulane_model_not_served_total",
                 "Tasks on a shared queue naming a model this worker does not serve, handed back to Temporal for another worker.",
@@ -334,6 +368,14 @@ impl Metrics {
     }
 
     /// A task on a shared queue named a model this worker lacks and was handed back.
+    /// Counts the parts of `embed_dataset` jobs on `device`.
+    pub(crate) fn datasets(self: &Arc<Self>, device: &str) -> Arc<dyn DatasetObserver> {
+        Arc::new(DatasetCounts {
+            metrics: self.clone(),
+            device: device.to_owned(),
+        })
+    }
+
     pub(crate) fn model_not_served(&self, queue: &str) {
         self.model_not_served.with_label_values(&[queue]).inc();
     }
