@@ -27,13 +27,24 @@ const SHOWN_CHARS: usize = 64;
 /// first [`SHOWN_CHARS`] characters with the full length noted, so a message never grows
 /// with what a workflow sends (a 2 MB model name, an unknown field with a newline).
 pub(crate) fn quote(s: &str) -> String {
+    quote_cut(s, SHOWN_CHARS)
+}
+
+/// `s` quoted, cut to its first `shown` characters when longer.
+fn quote_cut(s: &str, shown: usize) -> String {
     let n = s.chars().count();
-    if n <= SHOWN_CHARS {
+    if n <= shown {
         format!("{s:?}")
     } else {
-        let head: String = s.chars().take(SHOWN_CHARS).collect();
+        let head: String = s.chars().take(shown).collect();
         format!("{head:?}... ({n} characters)")
     }
+}
+
+/// A URI from a request, quoted for a message: whole up to 1,024 characters (its file
+/// name, at the end, is what a reader needs), else cut like [`quote`] but longer.
+pub(crate) fn quote_uri(s: &str) -> String {
+    quote_cut(s, 1024)
 }
 
 pub(crate) fn opt_bool(

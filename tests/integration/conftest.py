@@ -17,6 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = ROOT / "target" / "release" / "gpulane"
 TEMPORAL = ROOT / ".venv" / "bin" / "temporal"
+MOTO_SERVER = ROOT / ".venv" / "bin" / "moto_server"
 FIXTURES = pathlib.Path(os.environ.get("GPULANE_FIXTURES", ROOT / "tests" / "fixtures"))
 
 
@@ -33,6 +34,16 @@ def wait_port(port: int, deadline: float) -> None:
                 return
         time.sleep(0.2)
     raise TimeoutError(f"nothing listens on {port}")
+
+
+def stop(proc, log) -> None:
+    """SIGTERM a helper server (dev server, S3), kill it after 20 s, close its log."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
 
 
 def minilm_dir() -> pathlib.Path:
@@ -64,12 +75,77 @@ def temporal_address(tmp_path_factory):
         wait_port(port, time.monotonic() + 60)
         yield f"127.0.0.1:{port}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop(proc, log)
+
+
+class S3:
+    """A standalone S3-compatible server (moto's, from PyPI) on 127.0.0.1 with one bucket.
+
+    `env()` is what a gpulane process needs to reach it (the standard AWS variables);
+    `client` is a boto3 client for the test's own reads and writes."""
+
+    def __init__(self, endpoint, bucket, client):
+        self.endpoint = endpoint
+        self.bucket = bucket
+        self.client = client
+
+    def env(self) -> dict:
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "gpulane-test",
+            "AWS_SECRET_ACCESS_KEY": "gpulane-test-secret",
+            "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def uri(self, key: str = "") -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def keys(self, prefix: str = "") -> list:
+        """Every key under prefix, sorted."""
+        keys = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            keys += [o["Key"] for o in page.get("Contents", [])]
+        return sorted(keys)
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """moto_server on a free port for the whole session, with a bucket `gpulane-test`.
+    Tests keep apart by key prefix (a fresh one each)."""
+    assert MOTO_SERVER.exists(), f"{MOTO_SERVER} missing: run scripts/setup.sh"
+    import boto3
+    from botocore.config import Config
+
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    proc = subprocess.Popen(
+        [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_port(port, time.monotonic() + 60)
+        endpoint = f"http://127.0.0.1:{port}"
+        s = S3(endpoint, "gpulane-test", None)
+        env = s.env()
+        s.client = boto3.client(
+            "s3", endpoint_url=endpoint, region_name=env["AWS_REGION"],
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
+        )
+        deadline = time.monotonic() + 30
+        while True:  # the port opens a little before the app answers
+            try:
+                s.client.create_bucket(Bucket=s.bucket)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield s
+    finally:
+        stop(proc, log)
 
 
 class Gpulane:

@@ -25,7 +25,7 @@ use self::{
     table::{Columns, Format},
 };
 use crate::{
-    input::quote,
+    input::{quote, quote_uri},
     service::{Call, EmbedSpec},
     ActivityError, DeviceActivities,
 };
@@ -117,7 +117,7 @@ fn row_range(req: &EmbedDatasetRequest, n: usize) -> Result<(usize, usize, bool)
                 return Err(ActivityError::InvalidInput(format!(
                     "field \"rows\" ends at {}, past the {n} rows of {}",
                     r.end,
-                    quote(&req.source)
+                    quote_uri(&req.source)
                 )));
             }
             (r.start, r.end)
@@ -177,7 +177,7 @@ pub(crate) async fn run(
         return Err(ActivityError::InvalidInput(format!(
             "row {} of {} has {} characters in column {}, over the limit of {limit} (--max-text-chars): shorten it or raise the limit",
             start + row,
-            quote(&req.source),
+            quote_uri(&req.source),
             t.chars().count(),
             quote(&req.text_column)
         )));

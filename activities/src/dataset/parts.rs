@@ -48,15 +48,32 @@ pub(crate) fn encode(
         |e: &dyn std::fmt::Display| ActivityError::Internal(format!("building a part file: {e}"));
     let id = ids.slice(start, end);
     let item = Arc::new(Field::new("item", DataType::Float32, false));
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", id.data_type().clone(), false),
-        Field::new(
-            "embedding",
-            DataType::FixedSizeList(item.clone(), dims as i32),
-            false,
-        ),
-        Field::new("tokens", DataType::Int32, false),
-    ]));
+    let pairs = [
+        ("model", meta.model.to_owned()),
+        ("revision", meta.revision.to_owned()),
+        ("dtype", meta.dtype.to_owned()),
+        ("family", meta.family.to_owned()),
+        ("source", meta.source.to_owned()),
+        ("rows", format!("{start}-{end}")),
+    ];
+    // In the Arrow schema too, so `pyarrow.parquet.read_table(f).schema.metadata` (and
+    // pandas, polars) see them, not only the Parquet footer's key-value list.
+    let schema_meta: std::collections::HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (format!("gpulane.{k}"), v.clone()))
+        .collect();
+    let schema = Arc::new(
+        Schema::new(vec![
+            Field::new("id", id.data_type().clone(), false),
+            Field::new(
+                "embedding",
+                DataType::FixedSizeList(item.clone(), dims as i32),
+                false,
+            ),
+            Field::new("tokens", DataType::Int32, false),
+        ])
+        .with_metadata(schema_meta),
+    );
     let flat: Vec<f32> = vectors.iter().flatten().copied().collect();
     let embedding =
         FixedSizeListArray::try_new(item, dims as i32, Arc::new(Float32Array::from(flat)), None)
@@ -64,16 +81,13 @@ pub(crate) fn encode(
     let tokens = Int32Array::from(tokens.iter().map(|&t| t as i32).collect::<Vec<_>>());
     let columns: Vec<ArrayRef> = vec![id, Arc::new(embedding), Arc::new(tokens)];
     let batch = RecordBatch::try_new(schema.clone(), columns).map_err(|e| bug(&e))?;
-    let kv = |k: &str, v: &str| KeyValue::new(format!("gpulane.{k}"), v.to_owned());
     let props = WriterProperties::builder()
-        .set_key_value_metadata(Some(vec![
-            kv("model", meta.model),
-            kv("revision", meta.revision),
-            kv("dtype", meta.dtype),
-            kv("family", meta.family),
-            kv("source", meta.source),
-            kv("rows", &format!("{start}-{end}")),
-        ]))
+        .set_key_value_metadata(Some(
+            pairs
+                .iter()
+                .map(|(k, v)| KeyValue::new(format!("gpulane.{k}"), v.clone()))
+                .collect(),
+        ))
         .build();
     let mut buf = Vec::new();
     let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props)).map_err(|e| bug(&e))?;
@@ -105,6 +119,13 @@ mod tests {
         assert!(kv
             .iter()
             .any(|k| k.key == "gpulane.revision" && k.value.as_deref() == Some("sha256:ab")));
+        assert_eq!(
+            b.schema()
+                .metadata()
+                .get("gpulane.model")
+                .map(String::as_str),
+            Some("m")
+        );
         let batch = b.build().unwrap().next().unwrap().unwrap();
         assert_eq!(batch.num_rows(), 2);
         assert_eq!(

@@ -11,7 +11,7 @@ use std::{
 
 use object_store::{aws::AmazonS3Builder, local::LocalFileSystem, path::Path, ObjectStore};
 
-use crate::{input::quote, ActivityError};
+use crate::{input::quote_uri, ActivityError};
 
 /// One `--data-root`.
 #[derive(Debug, Clone)]
@@ -113,7 +113,7 @@ impl DataRoots {
     fn refused(&self, field: &str, uri: &str, why: &str) -> ActivityError {
         ActivityError::InvalidInput(format!(
             "field \"{field}\" is {}: {why}; this worker reads and writes only under its data roots {:?} (--data-root): use a URI under one of them, or add a root on the worker",
-            quote(uri),
+            quote_uri(uri),
             self.roots.iter().map(|(u, _)| u).collect::<Vec<_>>()
         ))
     }
@@ -175,7 +175,7 @@ impl DataRoots {
                 if e.kind() == std::io::ErrorKind::NotFound && self.under_root(&path) {
                     ActivityError::InvalidInput(format!(
                         "field \"{field}\": {} does not exist; check the URI",
-                        quote(uri)
+                        quote_uri(uri)
                     ))
                 } else {
                     self.refused(field, uri, "it cannot be resolved inside a data root")
@@ -250,9 +250,9 @@ fn s3_store(bucket: &str) -> Result<Arc<dyn ObjectStore>, ActivityError> {
 pub(crate) fn storage_error(uri: &str, e: object_store::Error) -> ActivityError {
     match e {
         object_store::Error::NotFound { .. } => {
-            ActivityError::InvalidInput(format!("{} does not exist; check the URI", quote(uri)))
+            ActivityError::InvalidInput(format!("{} does not exist; check the URI", quote_uri(uri)))
         }
-        other => ActivityError::StorageUnavailable(format!("{}: {other}", quote(uri))),
+        other => ActivityError::StorageUnavailable(format!("{}: {other}", quote_uri(uri))),
     }
 }
 

@@ -9,7 +9,10 @@ use arrow_schema::DataType;
 use bytes::Bytes;
 use parquet::arrow::{arrow_reader::ParquetRecordBatchReaderBuilder, ProjectionMask};
 
-use crate::{input::quote, ActivityError};
+use crate::{
+    input::{quote, quote_uri},
+    ActivityError,
+};
 
 /// A dataset's file format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +41,7 @@ impl Format {
             other => Err(ActivityError::InvalidInput(format!(
                 "field \"format\" is {} (given or from the extension of {}): use \"parquet\", \"jsonl\" or \"csv\"",
                 quote(other),
-                quote(uri)
+                quote_uri(uri)
             ))),
         }
     }
@@ -100,21 +103,21 @@ impl Columns<'_> {
         ActivityError::InvalidInput(format!(
             "field \"{which}\": {} is not a column of {}; its columns are {have:?}",
             quote(name),
-            quote(self.uri)
+            quote_uri(self.uri)
         ))
     }
 
     fn malformed(&self, why: impl std::fmt::Display) -> ActivityError {
         ActivityError::InvalidInput(format!(
             "{} is not a valid file of its format: {why}",
-            quote(self.uri)
+            quote_uri(self.uri)
         ))
     }
 
     fn null(&self, column: &str, row: usize) -> ActivityError {
         ActivityError::InvalidInput(format!(
             "row {row} of {} has no value in column {}: every row needs an id and a text",
-            quote(self.uri),
+            quote_uri(self.uri),
             quote(column)
         ))
     }
@@ -131,7 +134,7 @@ pub(crate) fn read(bytes: Bytes, format: Format, cols: &Columns) -> Result<Table
         return Err(ActivityError::InvalidInput(format!(
             "column {} of {} has duplicates: id {} is at rows {first} and {again}; ids must be unique, since each names one output row",
             quote(cols.id),
-            quote(cols.uri),
+            quote_uri(cols.uri),
             quote(&id)
         )));
     }
@@ -263,7 +266,7 @@ fn strings(
             return Err(ActivityError::InvalidInput(format!(
                 "column {} of {} is {other}; it must be text (or, for ids, integers)",
                 quote(column),
-                quote(cols.uri)
+                quote_uri(cols.uri)
             )))
         }
     }
