@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpulane's benchmarks against its peers (issue 5), by one command:
 #
-#   benches/run.sh [speed|batching|e2e|all]      (default: all)
+#   benches/run.sh [speed|batching|e2e|all|dataset]      (default: all; dataset is not in all)
 #
 # - speed:    `gpulane bench` vs sentence-transformers (benches/st_speed.py) on the CPU, same
 #             corpus, same threads, batch 32, median of 5, on the short corpus (2,000
@@ -14,6 +14,12 @@
 #             concurrent 32-text activities and 200 concurrent one-text activities.
 # batching and e2e also run their loads against a no-op worker (benches/null_worker.py):
 # the ceiling of the harness (dev server, driver, payloads) on this machine.
+# - dataset:  bulk embedding (benches/dataset_speed.py): one `embed_dataset` of a
+#             BENCH_DATASET_ROWS-row (100,000) Parquet file on `cpu-tools` (file://, the dev
+#             server and `gpulane run --data-root`), against sentence-transformers in a Python
+#             loop reading the same file with pyarrow in chunks and writing Parquet parts; same
+#             threads, parts of 1,000 rows. About 10 minutes a side on 2 cores with MiniLM,
+#             so `all` leaves it out.
 #
 # It installs what it needs (scripts/setup.sh for .venv, the Temporal CLI, the model and
 # the release build; .venv-bench from benches/requirements.txt, ~6 GB, see there why),
@@ -28,7 +34,11 @@
 # BENCH_SKIP_BUILD=1 (use the gpulane binary as it is; do not run scripts/setup.sh),
 # BENCH_MODEL=modernbert-mini (the model for all parts: a random-weight ModernBERT of
 # MiniLM's width and depth, made by benches/make_modernbert.py, instead of
-# all-MiniLM-L6-v2).
+# all-MiniLM-L6-v2), BENCH_MODEL=qwen3-0.6b (a random-weight decoder embedder of
+# Qwen3-Embedding-0.6B's shape, last-token pooling, made by benches/make_qwen3.py; the
+# corpora are then sized with its tokenizer), BENCH_SPEED_DIVISOR=N (the speed part on the
+# first 1/N of each corpus, e.g. 10: 200 short sentences and 20 long passages; a 0.6B model
+# does ~40x MiniLM's work per token, so the full corpora take hours on 2 cores).
 #
 # All traffic stays on 127.0.0.1 (free ports); every command is under a time limit, and
 # every process started here is stopped on exit, error or Ctrl-C.
@@ -40,14 +50,16 @@ cd "$(dirname "$0")/.."
 
 PART=${1:-all}
 case "$PART" in
-  speed|batching|e2e|all) ;;
-  *) echo "usage: benches/run.sh [speed|batching|e2e|all]" >&2; exit 2 ;;
+  speed|batching|e2e|all|dataset) ;;
+  *) echo "usage: benches/run.sh [speed|batching|e2e|all|dataset]" >&2; exit 2 ;;
 esac
 THREADS=${BENCH_THREADS:-2}
 REPEAT=${BENCH_REPEAT:-5}
 ROUNDS=${BENCH_ROUNDS:-3}
 PY_MAX_CONCURRENT=${BENCH_PY_MAX_CONCURRENT:-4}
 PY_INFERENCES=${BENCH_PY_INFERENCES:-1}
+SPEED_DIVISOR=${BENCH_SPEED_DIVISOR:-1}
+[[ "$SPEED_DIVISOR" =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_SPEED_DIVISOR is a whole number >= 1" >&2; exit 2; }
 LOAD_FLAGS=()
 [ "${BENCH_FANOUT:-0}" = 1 ] && LOAD_FLAGS=(--fanout)
 OUT=benches/out
@@ -114,7 +126,15 @@ case "${BENCH_MODEL:-minilm}" in
       bounded 600 "$PY" benches/make_modernbert.py --minilm "$MODEL" --out "$OUT/modernbert-mini" >&2
     fi
     MODEL=$OUT/modernbert-mini ;;
-  *) echo "BENCH_MODEL is minilm or modernbert-mini" >&2; exit 2 ;;
+  qwen3-0.6b)
+    if [ ! -f "$OUT/qwen3-0.6b/model.safetensors" ]; then
+      say "setup: a random-weight decoder embedder of Qwen3-Embedding-0.6B's shape (benches/make_qwen3.py, ~1.8 GB)"
+      # Into a temporary folder first: a run stopped halfway leaves no half-written model.
+      bounded 900 "$PY" benches/make_qwen3.py --out "$OUT/qwen3-0.6b.tmp" >&2
+      rm -rf "$OUT/qwen3-0.6b"; mv "$OUT/qwen3-0.6b.tmp" "$OUT/qwen3-0.6b"
+    fi
+    MODEL=$OUT/qwen3-0.6b ;;
+  *) echo "BENCH_MODEL is minilm, modernbert-mini or qwen3-0.6b" >&2; exit 2 ;;
 esac
 say "corpora"
 bounded 300 "$PY" benches/corpus.py --tokenizer "$MODEL/tokenizer.json" --out-dir "$OUT" >&2
@@ -128,16 +148,23 @@ EOF
 
 # --- speed ------------------------------------------------------------------------------
 run_speed() {
-  rm -f "$OUT"/speed-*.json
-  local corpus
+  rm -f "$OUT"/speed-*.json "$OUT"/speed-corpus-*.txt
+  local corpus file n
   for corpus in short long; do
+    file=$OUT/corpus-$corpus.txt
+    if [ "$SPEED_DIVISOR" != 1 ]; then  # the first 1/N of the corpus, for both sides
+      n=$(( ($(grep -c . "$file") + SPEED_DIVISOR - 1) / SPEED_DIVISOR ))
+      file=$OUT/speed-corpus-$corpus.txt
+      head -n "$n" "$OUT/corpus-$corpus.txt" > "$file"
+      say "speed: the first $n texts of the $corpus corpus (BENCH_SPEED_DIVISOR=$SPEED_DIVISOR)"
+    fi
     say "speed: gpulane bench, $corpus corpus, $THREADS threads"
-    bounded 1800 env RAYON_NUM_THREADS="$THREADS" "$BIN" bench --model "$MODEL" --corpus "$OUT/corpus-$corpus.txt" \
+    bounded 1800 env RAYON_NUM_THREADS="$THREADS" "$BIN" bench --model "$MODEL" --corpus "$file" \
       --device cpu --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
       --json "$OUT/speed-gpulane-$corpus.json" > "$LOGS/speed-gpulane-$corpus.log" 2>&1 \
       || { say "gpulane bench failed: see $LOGS/speed-gpulane-$corpus.log"; tail -5 "$LOGS/speed-gpulane-$corpus.log" >&2; }
     say "speed: sentence-transformers, $corpus corpus, $THREADS threads"
-    bounded 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$OUT/corpus-$corpus.txt" \
+    bounded 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$file" \
       --threads "$THREADS" --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
       --json "$OUT/speed-st-$corpus.json" > "$LOGS/speed-st-$corpus.log" 2>&1 \
       || { say "st_speed.py failed: see $LOGS/speed-st-$corpus.log"; tail -5 "$LOGS/speed-st-$corpus.log" >&2; }
@@ -257,13 +284,48 @@ EOF
   fi
 }
 
+# --- dataset ----------------------------------------------------------------------------
+run_dataset() {
+  rm -f "$OUT"/dataset-*.json "$OUT/dataset-skipped.txt" "$OUT/dataset-summary.md"
+  if ! "$BIN" run --help | grep -q -- "--data-root"; then
+    echo "not run: this gpulane has no --data-root (embed_dataset)" | tee "$OUT/dataset-skipped.txt" >&2
+    return 0
+  fi
+  local rows=${BENCH_DATASET_ROWS:-100000} dir
+  dir=$(cd "$OUT" && pwd)/dataset
+  rm -rf "$dir"; mkdir -p "$dir"
+  say "dataset: $rows rows of the short corpus as Parquet"
+  bounded 300 "$PY" benches/dataset_speed.py make --corpus "$OUT/corpus-short.txt" --rows "$rows" \
+    --out "$dir/corpus.parquet" >&2
+  start_server || return 0
+  if start_gpulane dataset --data-root "file://$dir/"; then
+    say "dataset: gpulane embed_dataset, $THREADS threads"
+    bounded 3600 "$PY" benches/dataset_speed.py gpulane --address "$ADDRESS" --queue cpu-tools \
+      --source "file://$dir/corpus.parquet" --output "file://$dir/gpulane/" --part-rows 1000 \
+      --json "$OUT/dataset-gpulane.json" > "$LOGS/dataset-gpulane.log" 2>&1 \
+      || { say "dataset (gpulane) failed: see $LOGS/dataset-gpulane.log"; tail -5 "$LOGS/dataset-gpulane.log" >&2; }
+    stop_worker
+  fi
+  say "dataset: sentence-transformers loop, $THREADS threads"
+  bounded 3600 "$PY" benches/dataset_speed.py st --model "$MODEL" --source "$dir/corpus.parquet" \
+    --output-dir "$dir/st" --part-rows 1000 --threads "$THREADS" --batch-rows 32 \
+    --json "$OUT/dataset-st.json" > "$LOGS/dataset-st.log" 2>&1 \
+    || { say "dataset (sentence-transformers) failed: see $LOGS/dataset-st.log"; tail -5 "$LOGS/dataset-st.log" >&2; }
+  rm -rf "$dir/gpulane" "$dir/st"  # ~150 MB of vectors a side
+}
+
 case "$PART" in
   speed) run_speed ;;
   batching) run_batching ;;
   e2e) run_e2e ;;
   all) run_speed; run_batching; run_e2e ;;
+  dataset) run_dataset ;;
 esac
 cleanup
+if [ "$PART" = dataset ]; then
+  "$PY" benches/dataset_speed.py summary "$OUT"
+  exit
+fi
 "$PY" benches/summary.py "$OUT"
 exit
 }
