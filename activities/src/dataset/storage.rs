@@ -14,12 +14,17 @@ use object_store::{aws::AmazonS3Builder, local::LocalFileSystem, path::Path, Obj
 use crate::{input::quote_uri, ActivityError};
 
 /// One `--data-root`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum Root {
     /// A directory, canonical (symlinks resolved) at start.
     File(PathBuf),
-    /// A bucket and a key prefix (empty, or ending in `/`).
-    S3 { bucket: String, prefix: String },
+    /// A bucket and a key prefix (empty, or ending in `/`), with its client, built once at
+    /// start from the environment.
+    S3 {
+        bucket: String,
+        prefix: String,
+        store: Arc<dyn ObjectStore>,
+    },
 }
 
 /// The roots a worker may read and write under, parsed once at start.
@@ -90,6 +95,7 @@ impl DataRoots {
                 Root::S3 {
                     bucket: bucket.to_owned(),
                     prefix,
+                    store: s3_store(bucket).map_err(|e| format!("--data-root {uri:?}: {e}"))?,
                 }
             } else {
                 return Err(format!(
@@ -138,14 +144,17 @@ impl DataRoots {
             if has_dotdot(key) {
                 return Err(self.refused(field, uri, "'..' is not allowed in a URI"));
             }
-            let inside = self.roots.iter().any(|(_, r)| match r {
-                Root::S3 { bucket: b, prefix } => b == bucket && key.starts_with(prefix.as_str()),
-                Root::File(_) => false,
+            let store = self.roots.iter().find_map(|(_, r)| match r {
+                Root::S3 {
+                    bucket: b,
+                    prefix,
+                    store,
+                } if b == bucket && key.starts_with(prefix.as_str()) => Some(store.clone()),
+                _ => None,
             });
-            if !inside {
+            let Some(store) = store else {
                 return Err(self.refused(field, uri, "it is outside the data roots"));
-            }
-            let store = s3_store(bucket)?;
+            };
             return Ok(Location {
                 store,
                 path: Path::from(key),
@@ -224,7 +233,7 @@ impl DataRoots {
     }
 }
 
-/// The S3 store for `bucket`, configured from the environment (AWS_ENDPOINT_URL,
+/// The S3 client for `bucket`, configured from the environment (AWS_ENDPOINT_URL,
 /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP, …), the way AWS
 /// tools are; credentials never come from a payload.
 fn s3_store(bucket: &str) -> Result<Arc<dyn ObjectStore>, ActivityError> {
