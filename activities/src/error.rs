@@ -134,6 +134,10 @@ impl ActivityError {
             ActivityError::ResultTooLarge { .. } => failure::RESULT_TOO_LARGE,
             ActivityError::Model(ModelError::TextTooLong { .. }) => failure::TEXT_TOO_LONG,
             ActivityError::Model(ModelError::OutOfMemory(_)) => failure::GPU_OUT_OF_MEMORY,
+            // The tokenizer fails the same way on the same text: it is the input that
+            // this model cannot take, not a failure a retry can mend (`ModelFailure` is
+            // retried).
+            ActivityError::Model(ModelError::Tokenizer(_)) => failure::INVALID_INPUT,
             ActivityError::Model(_) => failure::MODEL_FAILURE,
         }
     }

@@ -47,6 +47,67 @@ pub(crate) fn quote_uri(s: &str) -> String {
     quote_cut(s, 1024)
 }
 
+/// Walks a JSON document and fails at the first object with a key twice.
+#[derive(Clone, Copy)]
+struct NoDuplicateKeys;
+
+impl<'de> serde::de::DeserializeSeed<'de> for NoDuplicateKeys {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicateKeys {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key {} twice",
+                    quote(&key)
+                )));
+            }
+            map.next_value_seed(self)?;
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(self)?.is_some() {}
+        Ok(())
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_none<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
+
 pub(crate) fn opt_bool(
     obj: &Map<String, Value>,
     field: &str,
@@ -70,6 +131,17 @@ pub(crate) fn object(
     let value: Value = serde_json::from_slice(input).map_err(|e| {
         invalid(format!(
             "input is not valid JSON ({e}); pass an object like {shape}"
+        ))
+    })?;
+    // serde_json keeps the last of two equal keys; a caller who sent both meant one of
+    // them, and guessing which would run the wrong request.
+    serde::de::DeserializeSeed::deserialize(
+        NoDuplicateKeys,
+        &mut serde_json::Deserializer::from_slice(input),
+    )
+    .map_err(|e| {
+        invalid(format!(
+            "input has {e}; send each field once, in an object like {shape}"
         ))
     })?;
     let Value::Object(obj) = value else {
@@ -189,5 +261,24 @@ mod tests {
         let q = quote(&long);
         assert!(q.len() < 100, "{q}");
         assert!(q.ends_with("(2000000 characters)"), "{q}");
+    }
+
+    #[test]
+    fn a_key_twice_is_refused_at_any_depth() {
+        let shape = "{\"texts\": [...]}";
+        for bad in [
+            r#"{"texts": ["a"], "texts": ["b"]}"#,
+            r#"{"texts": ["a"], "model": "x", "model": "y"}"#,
+            r#"{"texts": ["a"], "options": [{"k": 1, "k": 2}]}"#,
+        ] {
+            let e = object(bad.as_bytes(), &["texts", "model", "options"], shape)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("twice") && e.contains("send each field once"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(object(br#"{"texts": [{"k": 1}, {"k": 2}]}"#, &["texts"], shape).is_ok());
     }
 }

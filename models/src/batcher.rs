@@ -158,12 +158,17 @@ pub(crate) struct Request {
 pub trait BatchObserver: Send + Sync {
     /// A forward pass begins.
     fn started(&self) {}
+    /// The engine has had no call for [`IDLE_AFTER`] (told once per idle spell).
+    fn idle(&self) {}
     /// A forward pass of `rows` rows and `tokens` real tokens took `took` (also for failed
     /// passes).
     fn batch(&self, rows: usize, tokens: usize, took: Duration);
     /// A call waited `waited` in the engine's queue before its round began.
     fn queued(&self, waited: Duration);
 }
+
+/// How long an engine waits without a call before it tells its observer it is idle.
+pub const IDLE_AFTER: Duration = Duration::from_secs(5);
 
 /// Running totals of an engine's forward passes, for metrics: written by the engine
 /// thread after each batch, read from any thread at any time.
@@ -243,9 +248,18 @@ pub(crate) fn serve(
     let mut waiting: Vec<Request> = Vec::new();
     loop {
         if waiting.is_empty() {
-            match queue.recv() {
+            // Told once per idle spell, after IDLE_AFTER without a call.
+            let first = match queue.recv_timeout(IDLE_AFTER) {
+                Ok(first) => Ok(first),
+                Err(RecvTimeoutError::Timeout) => {
+                    observer.idle();
+                    queue.recv().map_err(|_| ())
+                }
+                Err(RecvTimeoutError::Disconnected) => Err(()),
+            };
+            match first {
                 Ok(first) => waiting.push(first),
-                Err(_) => return,
+                Err(()) => return,
             }
         }
         let round = gather(&mut waiting, &queue, &limits);

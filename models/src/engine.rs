@@ -45,6 +45,23 @@ pub struct EngineOptions {
     pub observer: Option<Arc<dyn BatchObserver>>,
     /// Honour [`Engine::inject_panic`]: for tests of supervision only, never in service.
     pub fault_hooks: bool,
+    /// Told the working memory of every forward pass before and after it runs (a
+    /// simulated card accounts it, and may refuse it as out of memory).
+    pub memory: Option<Arc<dyn DeviceMemory>>,
+}
+
+/// The device memory a forward pass takes, told before and after each pass on the engine
+/// thread. A simulated card keeps its used memory from it, so that admission can be
+/// checked against what engines really hold without a GPU. Implementations must be quick.
+pub trait DeviceMemory: Send + Sync {
+    /// A pass that needs `bytes` of working memory is about to run. An error fails the
+    /// pass as out of memory, as CUDA's allocator would.
+    fn take(&self, bytes: u64) -> Result<(), String>;
+    /// The pass that took `bytes` has ended, however it ended.
+    fn give_back(&self, bytes: u64);
+    /// Weights of `bytes` are loaded and stay for the engine's life. Not checked against
+    /// the room left: loading has already succeeded or failed by then.
+    fn hold(&self, bytes: u64);
 }
 
 impl Default for EngineOptions {
@@ -56,6 +73,7 @@ impl Default for EngineOptions {
             batch_wait: Duration::from_millis(2),
             observer: None,
             fault_hooks: false,
+            memory: None,
         }
     }
 }
@@ -69,6 +87,7 @@ impl fmt::Debug for EngineOptions {
             .field("batch_wait", &self.batch_wait)
             .field("observer", &self.observer.is_some())
             .field("fault_hooks", &self.fault_hooks)
+            .field("memory", &self.memory.is_some())
             .finish()
     }
 }
@@ -99,12 +118,21 @@ impl BatchObserver for Observers {
             o.queued(waited);
         }
     }
+
+    fn idle(&self) {
+        if let Some(o) = &self.extra {
+            o.idle();
+        }
+    }
 }
 
 /// The model as the engine thread drives it, with the test-only fault hook in front.
 struct Driven {
     model: Arc<Loaded>,
     panic_next: Arc<AtomicBool>,
+    kind: Arc<ModelKind>,
+    dtype_bytes: u64,
+    memory: Option<Arc<dyn DeviceMemory>>,
 }
 
 impl Forward for Driven {
@@ -112,7 +140,17 @@ impl Forward for Driven {
         if self.panic_next.swap(false, Ordering::Relaxed) {
             panic!("engine fault injected by Engine::inject_panic (a supervision test hook)");
         }
-        self.model.forward(rows)
+        let Some(memory) = &self.memory else {
+            return self.model.forward(rows);
+        };
+        let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let bytes = self
+            .kind
+            .pass_bytes(rows.len() * longest, longest, self.dtype_bytes);
+        memory.take(bytes).map_err(ModelError::OutOfMemory)?;
+        let out = self.model.forward(rows);
+        memory.give_back(bytes);
+        out
     }
 }
 
@@ -167,6 +205,16 @@ impl ModelKind {
         }
     }
 
+    /// Working memory of one forward pass over `tokens` tokens (padding included) whose
+    /// longest row has `longest`, by the formula of [`ModelKind::working_bytes`].
+    pub fn pass_bytes(&self, tokens: usize, longest: usize, dtype_bytes: u64) -> u64 {
+        let (hidden, inter, heads) = match self {
+            ModelKind::Embedder(i) => (i.hidden_size, i.intermediate_size, i.num_heads),
+            ModelKind::CrossEncoder(i) => (i.hidden_size, i.intermediate_size, i.num_heads),
+        };
+        crate::st_dir::working_bytes(tokens, longest, hidden, inter, heads, dtype_bytes)
+    }
+
     /// Working memory of one forward pass at the largest batch (see ARCHITECTURE.md).
     pub fn working_bytes(&self, dtype_bytes: u64) -> u64 {
         match self {
@@ -207,6 +255,22 @@ pub struct Engine {
     pending: Arc<AtomicUsize>,
     panic_next: Arc<AtomicBool>,
     fault_hooks: bool,
+}
+
+/// Whether an engine has work, read from any thread (see [`Engine::load`]).
+#[derive(Clone, Default)]
+pub struct EngineLoad(Arc<AtomicUsize>);
+
+impl EngineLoad {
+    /// Rows of calls waiting for or in the engine now.
+    pub fn rows(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// A load that reads `rows`, for tests of admission.
+    pub fn fixed(rows: Arc<AtomicUsize>) -> Self {
+        Self(rows)
+    }
 }
 
 /// Takes a call's rows off the engine's pending count when the call ends, however it
@@ -260,12 +324,16 @@ impl Engine {
             (Loaded::Embedder(Box::new(m)), kind, limits)
         };
         let model = Arc::new(model);
+        let kind = Arc::new(kind);
         // Unbounded: the runtime's slots bound how many calls can be waiting.
         let (tx, rx) = mpsc::channel::<Request>();
         let panic_next = Arc::new(AtomicBool::new(false));
         let driven = Driven {
             model: model.clone(),
             panic_next: panic_next.clone(),
+            kind: kind.clone(),
+            dtype_bytes: opts.dtype.size_in_bytes() as u64,
+            memory: opts.memory.clone(),
         };
         let counters = Arc::new(BatchCounters::default());
         let observers = Observers {
@@ -284,7 +352,7 @@ impl Engine {
             .map_err(ModelError::Spawn)?;
         Ok(Self {
             name: name.into(),
-            kind: Arc::new(kind),
+            kind,
             model,
             queue: tx,
             counters,
@@ -303,6 +371,13 @@ impl Engine {
     /// Rows of calls waiting for or in the engine now.
     pub fn pending_rows(&self) -> usize {
         self.pending.load(Ordering::Relaxed)
+    }
+
+    /// A reader of [`Engine::pending_rows`] that does not keep the engine alive: card
+    /// admission holds one per engine to know which engines have work (and so a working
+    /// set in use).
+    pub fn load(&self) -> EngineLoad {
+        EngineLoad(self.pending.clone())
     }
 
     /// Makes the engine thread panic at its next forward pass, if the engine was started
@@ -364,7 +439,10 @@ impl Engine {
         let model = self.model.clone();
         let rows = tokio::task::spawn_blocking(move || encode(&model))
             .await
-            .map_err(|e| ModelError::Tokenizer(format!("tokenizing panicked: {e}")))??;
+            .map_err(|e| {
+                // A panic is a bug, not the input's fault: retryable like a model failure.
+                ModelError::Candle(candle_core::Error::Msg(format!("tokenizing panicked: {e}")))
+            })??;
         let token_counts = rows.iter().map(Row::len).collect();
         self.pending.fetch_add(rows.len(), Ordering::Relaxed);
         let _pending = PendingRows(self.pending.clone(), rows.len());

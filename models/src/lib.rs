@@ -24,7 +24,9 @@ pub use crate::{
     config::Family,
     cross_encoder::{CrossEncoder, CrossEncoderInfo, Scores},
     embedder::{EmbedOptions, Embedder, Embeddings},
-    engine::{Engine, EngineDevice, EngineLife, EngineOptions, ModelKind},
+    engine::{
+        DeviceMemory, Engine, EngineDevice, EngineLife, EngineLoad, EngineOptions, ModelKind,
+    },
     error::ModelError,
     model_dir::{self_name, ModelIdentity},
     pooling::Pooling,

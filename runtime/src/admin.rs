@@ -313,12 +313,13 @@ fn print_status(s: &StatusResponse) {
     for d in &s.devices {
         let budget = d.budget.as_ref().map_or_else(String::new, |b| {
             format!(
-                "  free {}  reserved {}  permits {}/{}",
+                "  free {}  reserved {}  tasks {}/{}  polls {}",
                 b.free_bytes
                     .map_or_else(|| format!("? ({})", b.reading_error), gib),
                 gib(b.reserved_bytes),
                 b.permits_out,
-                b.permit_cap
+                b.permit_cap,
+                b.idle_polls
             )
         });
         let error = if d.error.is_empty() {

@@ -14,6 +14,12 @@ pub struct Cli {
     #[command(subcommand)]
     /// What to do.
     pub command: Command,
+
+    /// Threads for CPU inference (candle's matrix multiplies), set once at start (as
+    /// RAYON_NUM_THREADS, which wins when set). Default: the cores this process may use,
+    /// cgroup quotas and CPU affinity included.
+    #[arg(long, global = true, env = "GPULANE_CPU_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    pub cpu_threads: Option<u16>,
 }
 
 /// The subcommands.
@@ -210,6 +216,13 @@ pub struct DeviceArgs {
     /// bytes, e.g. {"0": 0, "1": 17179869184}, re-read at every memory refresh.
     #[arg(long, env = "GPULANE_SIMULATED_MEMORY", requires = "simulate_gpus")]
     pub simulated_memory: Option<PathBuf>,
+
+    /// With --simulate-gpus: names the simulated cards GPU-SIM-NAME-0, GPU-SIM-NAME-1, …
+    /// so their private queues stay the same across restarts (tests, demos). Without it
+    /// each process picks a random name, so two simulated workers never share a queue.
+    /// Ignored without --simulate-gpus.
+    #[arg(long, env = "GPULANE_SIMULATED_ID")]
+    pub simulated_id: Option<String>,
 
     /// Which CUDA cards this process may use (indices or UUIDs), as CUDA reads it.
     #[arg(long, env = "CUDA_VISIBLE_DEVICES", hide = true)]

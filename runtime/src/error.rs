@@ -11,6 +11,21 @@ pub enum RuntimeError {
     /// A flag or variable is wrong; the message names it and the fix.
     #[error("configuration: {0}")]
     Config(String),
+    /// Another process already polls one of this worker's private queues (the same
+    /// `--host`, serving the same card): pinning would silently break. Not retryable.
+    #[error(
+        "task queue {queue} is already polled by {other} (seen {seconds_ago:.0} s ago): another \
+         gpulane serves this card under the same host name; give each worker its own --host \
+         (GPULANE_HOST), or stop the other one"
+    )]
+    QueueTaken {
+        /// The private queue.
+        queue: String,
+        /// The other poller's identity.
+        other: String,
+        /// When the server last saw it poll.
+        seconds_ago: f64,
+    },
     /// A file named by a flag could not be read.
     #[error("reading {path}: {source}")]
     File {

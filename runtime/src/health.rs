@@ -207,6 +207,9 @@ impl Health {
                 } else {
                     match tokio::time::timeout(PROBE_TIMEOUT, engine.probe()).await {
                         Ok(Ok(())) => Ok(()),
+                        // The engine answered; another tenant holds the card. Admission
+                        // already stops polling it; restarting the worker would not help.
+                        Ok(Err(gpulane_models::ModelError::OutOfMemory(_))) => Ok(()),
                         Ok(Err(e)) => Err(format!("the probe failed: {e}")),
                         // Still finishing other batches, or in one long one: busy, not
                         // stuck.

@@ -174,16 +174,18 @@ mod tests {
     }
 
     fn cards(n: u32) -> Vec<GpuDevice> {
-        SimulatedInventory::new(n, 16 << 30).devices().to_vec()
+        SimulatedInventory::new(n, 16 << 30, Some("0"))
+            .devices()
+            .to_vec()
     }
 
     #[test]
     fn each_card_serves_shared_and_private_queue() {
         let p = plan("h1", &cards(2), &GpuSelection::All, CpuLane::Auto);
         assert_eq!(p.len(), 2, "no cpu lane when cards are served in auto mode");
-        assert_eq!(queues(&p[0]), vec!["gpu-tools", "gpu-tools.h1.gpu-sim-0"]);
-        assert_eq!(p[1].host_queue, "gpu-tools.h1.gpu-sim-1");
-        assert_eq!(p[0].device_info().uuid.as_deref(), Some("GPU-SIM-0"));
+        assert_eq!(queues(&p[0]), vec!["gpu-tools", "gpu-tools.h1.gpu-sim-0-0"]);
+        assert_eq!(p[1].host_queue, "gpu-tools.h1.gpu-sim-0-1");
+        assert_eq!(p[0].device_info().uuid.as_deref(), Some("GPU-SIM-0-0"));
         assert!(p[0].device_info().simulated);
     }
 
@@ -198,7 +200,7 @@ mod tests {
                 "gpu-tools",
                 "gpu-tools@e5",
                 "gpu-tools@bge",
-                "gpu-tools.h1.gpu-sim-0"
+                "gpu-tools.h1.gpu-sim-0-0"
             ]
         );
         assert_eq!(lanes[0].route, Route::Shared("gpu-tools".into()));
@@ -227,11 +229,11 @@ mod tests {
         let p = plan(
             "h",
             &cards(3),
-            &GpuSelection::Some(vec!["2".into(), "GPU-SIM-0".into()]),
+            &GpuSelection::Some(vec!["2".into(), "GPU-SIM-0-0".into()]),
             CpuLane::On,
         );
         let labels: Vec<&str> = p.iter().map(DevicePlan::label).collect();
-        assert_eq!(labels, vec!["GPU-SIM-0", "GPU-SIM-2", "cpu"]);
+        assert_eq!(labels, vec!["GPU-SIM-0-0", "GPU-SIM-0-2", "cpu"]);
         assert!(plan("h", &cards(1), &GpuSelection::All, CpuLane::Off)
             .iter()
             .all(|p| p.gpu.is_some()));

@@ -14,6 +14,7 @@ mod config;
 mod devices;
 mod error;
 mod health;
+mod heap;
 mod http;
 mod lanes;
 mod metrics;

@@ -15,6 +15,7 @@ fn main() -> std::process::ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = gpulane::Cli::parse();
+    set_cpu_threads(cli.cpu_threads);
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -36,6 +37,20 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Fixes candle's CPU thread count once. Without RAYON_NUM_THREADS candle asks for the
+/// CPU count on every matrix multiply, and the standard library answers by reading
+/// /proc and the cgroup files each time (2,076 opens in one run). Called before any
+/// other thread exists, so changing the environment races with nothing.
+fn set_cpu_threads(flag: Option<u16>) {
+    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+        return;
+    }
+    let n = flag.map(usize::from).unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
 }
 
 /// Stops glibc's malloc from handing every large activation buffer back to the kernel.

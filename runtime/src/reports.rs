@@ -131,24 +131,33 @@ pub(crate) async fn print_admission(args: &RunArgs) -> Result<(), RuntimeError> 
         let free = reading
             .as_ref()
             .map_or_else(|e| format!("error ({e})"), u64::to_string);
-        budget.set_reading(reading);
+        budget.set_reading(reading, inv.own_usage(&g.uuid));
         let admits = |activity: &str| {
             budget
                 .would_admit(activity)
                 .map_or_else(|e| format!("none ({e})"), |n| n.to_string())
         };
+        let snap = budget.snapshot();
         println!(
-            "gpu {index} {uuid} total_bytes={total} free_bytes={free} headroom_bytes={headroom} \
-             embed_cost_bytes={ec} admit_embed={ae} rerank_cost_bytes={rc} admit_rerank={ar}",
+            "gpu {index} {uuid} total_bytes={total} free_bytes={free} others_bytes={others} \
+             headroom_bytes={headroom} weights_bytes={weights} admit_embed={ae} admit_rerank={ar}",
             index = g.index,
             uuid = g.uuid,
             total = g.total_memory,
-            headroom = settings.headroom.bytes(g.total_memory),
-            ec = budget.estimate(activity::EMBED),
+            others = snap
+                .others
+                .map_or_else(|| "?".to_owned(), |b| b.to_string()),
+            headroom = snap.headroom,
+            weights = snap.weights,
             ae = admits(activity::EMBED),
-            rc = budget.estimate(activity::RERANK),
             ar = admits(activity::RERANK),
         );
+        for (model, bytes) in &snap.estimates {
+            println!("  model {model} working_set_bytes={bytes}");
+        }
+        for (activity, bytes) in &snap.waiting_rows {
+            println!("  activity {activity} waiting_rows_bytes={bytes}");
+        }
     }
     Ok(())
 }

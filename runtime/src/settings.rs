@@ -61,6 +61,8 @@ pub(crate) struct DeviceSettings {
     /// `--simulate-gpus`: count and bytes per card.
     pub simulate: Option<(u32, u64)>,
     pub simulated_memory: Option<PathBuf>,
+    /// `--simulated-id`: the simulated cards' stable name.
+    pub simulated_id: Option<String>,
     pub gpus: GpuSelection,
     pub cpu_lane: CpuLane,
     pub host: String,
@@ -77,6 +79,21 @@ impl DeviceSettings {
                 .map(parse_simulate_spec)
                 .transpose()?,
             simulated_memory: args.simulated_memory.clone(),
+            simulated_id: match args.simulated_id.as_deref() {
+                Some(id)
+                    if id.is_empty()
+                        || id.len() > 32
+                        || !id
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') =>
+                {
+                    return Err(RuntimeError::Config(format!(
+                        "--simulated-id {id:?}: use 1 to 32 ASCII letters, digits, '-' or '_' \
+                         (it becomes part of the cards' UUIDs and queue names)"
+                    )))
+                }
+                other => other.map(str::to_owned),
+            },
             gpus: args.gpu_selection(),
             cpu_lane: args.cpu_lane,
             host: args.host.clone().unwrap_or_else(|| {

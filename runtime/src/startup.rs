@@ -11,7 +11,7 @@ use gpulane_models::{DType, Engine, EngineDevice, EngineOptions, ModelKind};
 use gpulane_proto::activity;
 
 use crate::{
-    admission::{BudgetOptions, CardBudget},
+    admission::{BudgetOptions, CardBudget, EngineCost},
     config::ModelArgs,
     devices::{DeviceError, DeviceInventory, GpuDevice, NvmlInventory, SimulatedInventory},
     lanes::{DevicePlan, LanePlan},
@@ -74,7 +74,7 @@ pub(crate) fn inventory(d: &DeviceSettings) -> Result<Arc<dyn DeviceInventory>, 
             "simulated GPUs declared by --simulate-gpus: they compute on the CPU"
         );
         return Ok(Arc::new(
-            SimulatedInventory::new(count, bytes)
+            SimulatedInventory::new(count, bytes, d.simulated_id.as_deref())
                 .with_visible(visible)
                 .with_memory_file(d.simulated_memory.clone()),
         ));
@@ -170,9 +170,15 @@ pub(crate) fn load_device(
     models: &[ModelSpec],
     settings: &Settings,
     metrics: &Arc<Metrics>,
+    inventory: &dyn DeviceInventory,
 ) -> Result<DeviceSetup, RuntimeError> {
     let device = engine_device(&plan)?;
     let on_cpu = matches!(device, EngineDevice::Cpu);
+    // A simulated card accounts what its engines hold (see devices/simulated.rs).
+    let memory = plan
+        .gpu
+        .as_ref()
+        .and_then(|g| inventory.engine_memory(&g.uuid));
     let mut engines = Vec::new();
     for m in models.iter().filter(|m| {
         if plan.gpu.is_some() {
@@ -189,6 +195,7 @@ pub(crate) fn load_device(
             batch_wait: settings.batch_wait,
             observer: Some(metrics.engine(plan.label(), &m.name)),
             fault_hooks: settings.test_faults,
+            memory: memory.clone(),
         };
         let engine = Engine::start(&m.name, &m.path, &device, opts).map_err(|source| {
             RuntimeError::Model {
@@ -197,6 +204,9 @@ pub(crate) fn load_device(
                 source: Box::new(source),
             }
         })?;
+        if let Some(mem) = &memory {
+            mem.hold(engine.kind().weight_bytes(4));
+        }
         match engine.kind() {
             ModelKind::Embedder(info) => tracing::info!(model = %m.name,
                 path = %m.path.display(), device = plan.label(), kind = "embedder",
@@ -251,24 +261,17 @@ pub(crate) fn load_device(
     })
 }
 
-/// The admission budget of one card: per-task estimates from each model's cost formula
-/// (or its override), the headroom, the cap, and for simulated cards (or when nothing is
-/// loaded on the card, as in `gpulane admission`) the weights NVML would show as used.
+/// The admission budget of one card: each engine's working set from its model's cost
+/// formula (or its override), the weights, each task's waiting rows, the headroom and the
+/// cap. `weights_in_reading`: whether the card's memory reading holds the weights (false
+/// in `gpulane admission`, which loads nothing on the card).
 pub(crate) fn card_budget(
     settings: &Settings,
     gpu: &GpuDevice,
     engines: &[(ModelSpec, Engine)],
     metrics: Arc<Metrics>,
-    weights_on_card: bool,
+    weights_in_reading: bool,
 ) -> Result<Arc<CardBudget>, RuntimeError> {
-    // Simulated cards compute on the CPU in f32; real cards in the model's dtype.
-    let dtype_bytes = |spec: &ModelSpec| {
-        if gpu.simulated {
-            4
-        } else {
-            spec.dtype.size_in_bytes() as u64
-        }
-    };
     for (name, _) in &settings.vram_costs {
         if !engines.iter().any(|(s, _)| &s.name == name) {
             return Err(RuntimeError::Config(format!(
@@ -277,56 +280,88 @@ pub(crate) fn card_budget(
             )));
         }
     }
-    let cost = |(spec, engine): &(ModelSpec, Engine)| {
-        settings
-            .vram_costs
-            .iter()
-            .find(|(n, _)| *n == spec.name)
-            .map(|(_, b)| *b)
-            .or(spec.vram_cost)
-            .unwrap_or_else(|| engine.kind().working_bytes(dtype_bytes(spec)))
-    };
-    // Each activity costs what its costliest model of the right kind costs; the model a
-    // task will use is only known once its input is read.
-    let max_cost = |want: fn(&ModelKind) -> bool| {
-        engines
+    let costs: Vec<EngineCost> = engines
+        .iter()
+        .map(|(spec, engine)| {
+            let dtype_bytes = card_dtype_bytes(gpu, spec);
+            EngineCost {
+                model: spec.name.clone(),
+                serves: match engine.kind() {
+                    ModelKind::Embedder(_) => vec![
+                        activity::EMBED.to_owned(),
+                        activity::EMBED_DATASET.to_owned(),
+                    ],
+                    ModelKind::CrossEncoder(_) => vec![activity::RERANK.to_owned()],
+                },
+                working: settings
+                    .vram_costs
+                    .iter()
+                    .find(|(n, _)| *n == spec.name)
+                    .map(|(_, b)| *b)
+                    .or(spec.vram_cost)
+                    .unwrap_or_else(|| engine.kind().working_bytes(dtype_bytes)),
+                load: engine.load(),
+            }
+        })
+        .collect();
+    let weights: u64 = engines
+        .iter()
+        .map(|(s, e)| e.kind().weight_bytes(card_dtype_bytes(gpu, s)))
+        .sum();
+    // A task's rows wait in the engine as token ids and masks (4 bytes each), at most
+    // --max-texts rows of the longest sequence a model of its kind takes.
+    let waiting = |want: fn(&ModelKind) -> bool| {
+        let longest = engines
             .iter()
             .filter(|(_, e)| want(e.kind()))
-            .map(cost)
+            .map(|(_, e)| match e.kind() {
+                ModelKind::Embedder(i) => i.max_seq_length,
+                ModelKind::CrossEncoder(i) => i.max_length,
+            })
             .max()
-            .unwrap_or(0)
+            .unwrap_or(0) as u64;
+        settings.limits.max_texts as u64 * longest * 8
     };
-    let embed_cost = max_cost(|k| matches!(k, ModelKind::Embedder(_)));
-    let rerank_cost = max_cost(|k| matches!(k, ModelKind::CrossEncoder(_)));
-    let resident: u64 = engines
-        .iter()
-        .map(|(s, e)| e.kind().weight_bytes(dtype_bytes(s)))
-        .sum();
-    let headroom = settings.headroom.bytes(gpu.total_memory);
-    tracing::info!(gpu_uuid = %gpu.uuid, embed_bytes = embed_cost, rerank_bytes = rerank_cost,
-        resident_bytes = resident, headroom_bytes = headroom,
-        cap = settings.max_concurrent_per_card, "card admission budget");
-    let estimates = [
-        (activity::EMBED.to_owned(), embed_cost),
-        (activity::RERANK.to_owned(), rerank_cost),
+    let embed_rows = waiting(|k| matches!(k, ModelKind::Embedder(_)));
+    let waiting_rows = [
+        (activity::EMBED.to_owned(), embed_rows),
+        (activity::EMBED_DATASET.to_owned(), embed_rows),
+        (
+            activity::RERANK.to_owned(),
+            waiting(|k| matches!(k, ModelKind::CrossEncoder(_))),
+        ),
     ]
     .into_iter()
     .collect();
+    let headroom = settings.headroom.bytes(gpu.total_memory);
+    for c in &costs {
+        tracing::info!(gpu_uuid = %gpu.uuid, model = %c.model, working_bytes = c.working,
+            "card admission: working set per forward pass");
+    }
+    tracing::info!(gpu_uuid = %gpu.uuid, weights_bytes = weights, headroom_bytes = headroom,
+        embed_waiting_rows_bytes = embed_rows,
+        cap = settings.max_concurrent_per_card, "card admission budget");
     Ok(CardBudget::new(
         &gpu.uuid,
         gpu.total_memory,
         BudgetOptions {
             headroom,
             cap: settings.max_concurrent_per_card,
-            // NVML sees weights once they are loaded on a real card; simulated cards
-            // and `gpulane admission` (which loads nothing on the card) must count them.
-            unseen_resident: if gpu.simulated || !weights_on_card {
-                resident
-            } else {
-                0
-            },
-            estimates,
+            weights,
+            weights_in_reading,
+            engines: costs,
+            waiting_rows,
         },
         metrics,
     ))
+}
+
+/// Bytes per value of `spec` on `gpu`: simulated cards compute on the CPU in f32, real
+/// cards in the model's dtype.
+fn card_dtype_bytes(gpu: &GpuDevice, spec: &ModelSpec) -> u64 {
+    if gpu.simulated {
+        4
+    } else {
+        spec.dtype.size_in_bytes() as u64
+    }
 }

@@ -95,6 +95,54 @@ pub(crate) async fn describe_activity_queue(
         .map(tonic::Response::into_inner)
 }
 
+/// Pollers of `queue` that are not this process: identities whose prefix (before the
+/// first `/`) is not `ours` (this process's identity), seen within the last [`FOREIGN_RECENT`], and
+/// not a dead predecessor on this host (a default identity `gpulane@<host>:<pid>` whose
+/// PID no longer runs here: a worker restarted after a crash). Each with seconds since
+/// it was last seen.
+pub(crate) async fn foreign_pollers(
+    connection: &Connection,
+    namespace: &str,
+    queue: &str,
+    ours: &str,
+) -> Result<Vec<(String, f64)>, tonic::Status> {
+    let r = describe_activity_queue(connection, namespace, queue).await?;
+    let now = std::time::SystemTime::now();
+    Ok(r.pollers
+        .into_iter()
+        .filter_map(|p| {
+            let ago = p
+                .last_access_time
+                .and_then(|t| std::time::SystemTime::try_from(t).ok())
+                .and_then(|t| now.duration_since(t).ok())
+                .unwrap_or_default();
+            let foreign = p.identity.split('/').next() != Some(ours)
+                && ago < FOREIGN_RECENT
+                && !dead_predecessor(&p.identity, ours);
+            foreign.then_some((p.identity, ago.as_secs_f64()))
+        })
+        .collect())
+}
+
+/// How recently another poller must have polled to count: a live one polls again at the
+/// latest when its long poll (about a minute) ends.
+const FOREIGN_RECENT: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Whether `identity` is a default identity of this host (`gpulane@<host>:<pid>/...`, as
+/// `ours` is) whose process no longer runs.
+fn dead_predecessor(identity: &str, ours: &str) -> bool {
+    let Some((our_host, _)) = ours.rsplit_once(':') else {
+        return false;
+    };
+    let Some((host, pid)) = identity.split('/').next().and_then(|p| p.rsplit_once(':')) else {
+        return false;
+    };
+    match pid.parse::<u32>() {
+        Ok(pid) if host == our_host => !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        _ => false,
+    }
+}
+
 /// Whether the frontend answers now (a cheap `GetSystemInfo`), for readiness.
 pub(crate) async fn reachable(connection: &Connection) -> Result<(), tonic::Status> {
     let mut service = connection.workflow_service();
@@ -120,10 +168,20 @@ pub(crate) fn json_payload(data: Vec<u8>) -> Payload {
 /// The JSON bytes of an activity's first argument, or an input error that says what to
 /// send instead.
 pub(crate) fn input_json(input: &[Payload]) -> Result<&[u8], ActivityError> {
-    let Some(p) = input.first() else {
-        return Err(ActivityError::InvalidInput(
-            "no input: pass one argument, a JSON object like {\"texts\": [\"...\"]}".to_owned(),
-        ));
+    let p = match input {
+        [p] => p,
+        [] => {
+            return Err(ActivityError::InvalidInput(
+                "no input: pass one argument, a JSON object like {\"texts\": [\"...\"]}".to_owned(),
+            ))
+        }
+        more => {
+            return Err(ActivityError::InvalidInput(format!(
+                "{} arguments given: every gpulane activity takes exactly one, a JSON object \
+                 like {{\"texts\": [\"...\"]}}; put the options in that object",
+                more.len()
+            )))
+        }
     };
     let encoding = p
         .metadata

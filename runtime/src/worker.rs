@@ -231,14 +231,19 @@ async fn execute(
     let queue = lane.queue.as_str();
     let (result, ended, model) = tokio::select! {
         (ran, panicked) = outcome(&lane, &start, &progress) => match ran.result {
-            Ok(json) => (ActivityExecutionResult::ok(json_payload(json)), Outcome::Completed, ran.model),
+            Ok(json) => {
+                if let (Some(b), Some(m)) = (&lane.budget, &ran.model) {
+                    b.record_success(m);
+                }
+                (ActivityExecutionResult::ok(json_payload(json)), Outcome::Completed, ran.model)
+            }
             Err(e) => {
                 if let Some(message) = panicked {
                     lane.metrics.activity_panicked(queue);
                     tracing::error!(panic = %message, "activity panicked (a bug); failed back retryably, the lane keeps serving");
                 } else if e.is_out_of_memory() {
                     if let Some(b) = &lane.budget {
-                        b.record_oom(&start.activity_type);
+                        b.record_oom(&start.activity_type, ran.model.as_deref());
                     }
                 }
                 if matches!(e, ActivityError::ModelNotServed { .. }) {

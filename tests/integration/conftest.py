@@ -228,6 +228,9 @@ def gpulane(temporal_address, tmp_path):
             "GPULANE_ADMIN_ADDRESS": "127.0.0.1:0",
             # Short, so every test's stop stays quick; drain tests set their own.
             "GPULANE_DRAIN_PRIVATE_SECS": "1",
+            # Stable simulated card names (GPU-SIM-t-0, ...); each worker has its own host,
+            # so their private queues still differ.
+            "GPULANE_SIMULATED_ID": "t",
             **(env or {}),
         }
         proc = subprocess.Popen(

@@ -44,10 +44,10 @@ def test_status_lists_every_lane_with_a_backlog_that_grows_while_a_card_is_full(
     )
     status = g.status()
     assert status["ready"] is True and status["problems"] == [], status
-    private0 = f"gpu-tools.{g.host}.gpu-sim-0"
-    private1 = f"gpu-tools.{g.host}.gpu-sim-1"
-    expected = {("gpu-tools", "GPU-SIM-0"), (private0, "GPU-SIM-0"),
-                ("gpu-tools", "GPU-SIM-1"), (private1, "GPU-SIM-1")}
+    private0 = f"gpu-tools.{g.host}.gpu-sim-t-0"
+    private1 = f"gpu-tools.{g.host}.gpu-sim-t-1"
+    expected = {("gpu-tools", "GPU-SIM-t-0"), (private0, "GPU-SIM-t-0"),
+                ("gpu-tools", "GPU-SIM-t-1"), (private1, "GPU-SIM-t-1")}
     assert {(l["task_queue"], l["device"]) for l in status["lanes"]} == expected, status["lanes"]
     for l in status["lanes"]:
         assert l["state"] == "polling" and l["identity"].endswith(f"/{l['device']}/{l['task_queue']}"), l
@@ -60,13 +60,13 @@ def test_status_lists_every_lane_with_a_backlog_that_grows_while_a_card_is_full(
     while True:
         shared_pollers = {p["identity"] for l in g.status()["lanes"] if l["task_queue"] == "gpu-tools"
                           for p in l["backlog"]["pollers"]}
-        if any(p.endswith("/GPU-SIM-1/gpu-tools") for p in shared_pollers) or time.monotonic() > deadline:
+        if any(p.endswith("/GPU-SIM-t-1/gpu-tools") for p in shared_pollers) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert any(p.endswith("/GPU-SIM-1/gpu-tools") for p in shared_pollers), shared_pollers
-    assert not any("/GPU-SIM-0/" in p for p in shared_pollers), "card 0 has no memory: it must not poll"
-    assert device(status, "GPU-SIM-0")["budget"]["free_bytes"] == 0
-    assert device(status, "GPU-SIM-1")["budget"]["total_bytes"] == 16 * GIB
+    assert any(p.endswith("/GPU-SIM-t-1/gpu-tools") for p in shared_pollers), shared_pollers
+    assert not any("/GPU-SIM-t-0/" in p for p in shared_pollers), "card 0 has no memory: it must not poll"
+    assert device(status, "GPU-SIM-t-0")["budget"]["free_bytes"] == 0
+    assert device(status, "GPU-SIM-t-1")["budget"]["total_bytes"] == 16 * GIB
 
     async def go():
         async with workflow_env(temporal_address) as (client, wf_queue):
@@ -74,7 +74,7 @@ def test_status_lists_every_lane_with_a_backlog_that_grows_while_a_card_is_full(
             seen = []
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                lane = lanes_by_queue(g.status(), "GPU-SIM-0")[private0]
+                lane = lanes_by_queue(g.status(), "GPU-SIM-t-0")[private0]
                 seen.append(lane["backlog"]["approximate_backlog_count"])
                 if seen[-1] >= 3 and lane["backlog"]["approximate_backlog_age_seconds"] > 0:
                     break
@@ -85,10 +85,10 @@ def test_status_lists_every_lane_with_a_backlog_that_grows_while_a_card_is_full(
             return await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 60)
 
     results = asyncio.run(go())
-    assert all(r["device"]["uuid"] == "GPU-SIM-0" for r in results)
+    assert all(r["device"]["uuid"] == "GPU-SIM-t-0" for r in results)
     # The human form names the same lanes.
     table = g.cli("status").stdout
-    assert private0 in table and "backlog" in table and "GPU-SIM-1" in table, table
+    assert private0 in table and "backlog" in table and "GPU-SIM-t-1" in table, table
 
 
 def wait_lane_state(g, device_id, queue, want, deadline_s=20):
@@ -110,16 +110,16 @@ def test_drain_moves_shared_work_to_the_other_card_keeps_the_private_window_and_
         env={"GPULANE_DRAIN_PRIVATE_SECS": str(window)},
     )
     drained_at = time.monotonic()
-    out = g.cli("drain", "--card", "GPU-SIM-0").stdout
-    assert "GPU-SIM-0" in out, out
+    out = g.cli("drain", "--card", "GPU-SIM-t-0").stdout
+    assert "GPU-SIM-t-0" in out, out
     status = g.status("--no-backlog")
-    assert device(status, "GPU-SIM-0")["state"] == "draining"
-    private0 = f"gpu-tools.{g.host}.gpu-sim-0"
-    assert lanes_by_queue(status, "GPU-SIM-0")[private0]["state"] == "polling"
+    assert device(status, "GPU-SIM-t-0")["state"] == "draining"
+    private0 = f"gpu-tools.{g.host}.gpu-sim-t-0"
+    assert lanes_by_queue(status, "GPU-SIM-t-0")[private0]["state"] == "polling"
     # One drained card of two: the worker still serves, so it stays ready.
     assert status["ready"] is True, status
     # Once the card's shared lane has shut down, none of its polls is left open.
-    wait_lane_state(g, "GPU-SIM-0", "gpu-tools", "stopped")
+    wait_lane_state(g, "GPU-SIM-t-0", "gpu-tools", "stopped")
 
     async def calls(queue, n, tag):
         async with workflow_env(temporal_address) as (client, wf_queue):
@@ -127,28 +127,28 @@ def test_drain_moves_shared_work_to_the_other_card_keeps_the_private_window_and_
             return await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 60)
 
     shared = asyncio.run(calls("gpu-tools", 20, "after-drain"))
-    assert [r["device"]["uuid"] for r in shared] == ["GPU-SIM-1"] * 20, shared
+    assert [r["device"]["uuid"] for r in shared] == ["GPU-SIM-t-1"] * 20, shared
     pinned = asyncio.run(calls(private0, 1, "pinned-in-window"))
-    assert pinned[0]["device"]["uuid"] == "GPU-SIM-0"
+    assert pinned[0]["device"]["uuid"] == "GPU-SIM-t-0"
     assert time.monotonic() - drained_at < window, "the pinned call must land inside the window"
 
     # After the window the private lane stops too: a pinned call is no longer served.
-    wait_lane_state(g, "GPU-SIM-0", private0, "stopped", deadline_s=window + 10)
-    assert device(g.status("--no-backlog"), "GPU-SIM-0")["state"] == "drained"
+    wait_lane_state(g, "GPU-SIM-t-0", private0, "stopped", deadline_s=window + 10)
+    assert device(g.status("--no-backlog"), "GPU-SIM-t-0")["state"] == "drained"
     late = call_once(temporal_address, "embed", private0, {"texts": ["too late"]},
                      schedule_to_start_s=3)
     assert late.get("error", {}).get("kind") == "TimeoutError", late
 
-    g.cli("resume", "--card", "GPU-SIM-0")
+    g.cli("resume", "--card", "GPU-SIM-t-0")
     status = g.status("--no-backlog")
-    assert device(status, "GPU-SIM-0")["state"] == "serving"
+    assert device(status, "GPU-SIM-t-0")["state"] == "serving"
     assert {l["state"] for l in status["lanes"]} == {"polling"}, status["lanes"]
     served = set()
     for _ in range(5):
         served |= {r["device"]["uuid"] for r in asyncio.run(calls("gpu-tools", 30, "after-resume"))}
-        if served == {"GPU-SIM-0", "GPU-SIM-1"}:
+        if served == {"GPU-SIM-t-0", "GPU-SIM-t-1"}:
             break
-    assert served == {"GPU-SIM-0", "GPU-SIM-1"}, served
+    assert served == {"GPU-SIM-t-0", "GPU-SIM-t-1"}, served
 
 
 def test_bad_admin_requests_are_refused_clearly_and_change_nothing(temporal_address, gpulane):
@@ -163,20 +163,20 @@ def test_bad_admin_requests_are_refused_clearly_and_change_nothing(temporal_addr
 
     before = states()
     out = g.cli("drain", "--card", "GPU-NOPE", check=False)
-    assert out.returncode != 0 and "no device" in out.stderr and "GPU-SIM-0" in out.stderr, out
+    assert out.returncode != 0 and "no device" in out.stderr and "GPU-SIM-t-0" in out.stderr, out
     assert "Stack backtrace" not in out.stderr, out.stderr
-    out = g.cli("resume", "--card", "GPU-SIM-1", check=False)
+    out = g.cli("resume", "--card", "GPU-SIM-t-1", check=False)
     assert out.returncode != 0 and "not drained" in out.stderr, out
     assert states() == before
 
-    g.cli("drain", "--card", "GPU-SIM-1")
+    g.cli("drain", "--card", "GPU-SIM-t-1")
     drained = states()
-    out = g.cli("drain", "--card", "GPU-SIM-1", check=False)
+    out = g.cli("drain", "--card", "GPU-SIM-t-1", check=False)
     assert out.returncode != 0 and "already draining" in out.stderr, out
     assert states() == drained
-    g.cli("resume", "--card", "gpu-sim-1")  # UUIDs match in any case
+    g.cli("resume", "--card", "gpu-sim-t-1")  # UUIDs match in any case
     assert states() == before
-    out = g.cli("resume", "--card", "GPU-SIM-1", check=False)
+    out = g.cli("resume", "--card", "GPU-SIM-t-1", check=False)
     assert out.returncode != 0 and "not drained" in out.stderr, out
     assert states() == before
 
@@ -198,9 +198,9 @@ def test_a_card_unreadable_at_start_is_set_aside_reported_and_served_once_it_rea
     assert "cannot read this card" in g.log()
     status = g.status("--no-backlog")
     assert status["ready"] is True, status
-    broken = device(status, "GPU-SIM-1")
+    broken = device(status, "GPU-SIM-t-1")
     assert broken["state"] == "broken" and "scripted to fail" in broken["error"], broken
-    assert device(status, "GPU-SIM-0")["state"] == "serving"
+    assert device(status, "GPU-SIM-t-0")["state"] == "serving"
 
     async def pinned(card):
         async with workflow_env(temporal_address) as (client, wf_queue):
@@ -209,14 +209,14 @@ def test_a_card_unreadable_at_start_is_set_aside_reported_and_served_once_it_rea
                 id=f"pin-{uuid.uuid4()}", task_queue=wf_queue, execution_timeout=timedelta(minutes=2),
             )
 
-    assert asyncio.run(pinned("gpu-sim-0"))["device"]["uuid"] == "GPU-SIM-0"
+    assert asyncio.run(pinned("gpu-sim-t-0"))["device"]["uuid"] == "GPU-SIM-t-0"
     mem.write_text("{}")
     deadline = time.monotonic() + 30
-    while device(g.status("--no-backlog"), "GPU-SIM-1")["state"] != "serving":
+    while device(g.status("--no-backlog"), "GPU-SIM-t-1")["state"] != "serving":
         assert time.monotonic() < deadline, g.log()[-3000:]
         time.sleep(0.5)
     assert "card readable again" in g.log()
-    assert asyncio.run(pinned("gpu-sim-1"))["device"]["uuid"] == "GPU-SIM-1"
+    assert asyncio.run(pinned("gpu-sim-t-1"))["device"]["uuid"] == "GPU-SIM-t-1"
 
 
 def test_temporal_knobs_reach_sdk_core_and_the_identity_names_pod_and_card(temporal_address, gpulane):

@@ -59,8 +59,8 @@ def test_full_card_leaves_tasks_scheduled_as_backlog_until_memory_frees(temporal
                 assert len(pending) == 1, pending
                 assert pending[0].state == PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED, pending[0]
             text = g.metrics()
-            assert 'gpulane_gpu_memory_free_bytes{gpu_uuid="GPU-SIM-0"} 0' in text, text
-            assert 'gpulane_permits_issued_total{gpu_uuid="GPU-SIM-0"' not in text, text
+            assert 'gpulane_gpu_memory_free_bytes{gpu_uuid="GPU-SIM-t-0"} 0' in text, text
+            assert 'gpulane_permits_issued_total{gpu_uuid="GPU-SIM-t-0"' not in text, text
 
             # Another tenant leaves: the card frees, the worker polls, nothing is lost.
             mem.write_text(json.dumps({"0": 8 * GIB}))
@@ -70,7 +70,47 @@ def test_full_card_leaves_tasks_scheduled_as_backlog_until_memory_frees(temporal
     results = asyncio.run(go())
     assert len(results) == n
     for r in results:
-        assert r["device"]["uuid"] == "GPU-SIM-0" and len(r["embeddings"]) == 1
+        assert r["device"]["uuid"] == "GPU-SIM-t-0" and len(r["embeddings"]) == 1
     text = g.metrics()
-    assert 'gpulane_permits_used_total{activity_type="embed",gpu_uuid="GPU-SIM-0",task_queue="gpu-tools"} 5' in text, text
+    assert 'gpulane_permits_used_total{activity_type="embed",gpu_uuid="GPU-SIM-t-0",task_queue="gpu-tools"} 5' in text, text
     assert "gpulane_memory_wait_seconds_total" in text
+
+
+def test_a_simulated_card_holds_what_its_engines_hold_and_a_pass_past_its_total_is_an_oom(
+    temporal_address, gpulane
+):
+    """The simulated card follows its engines: the weights are held from load, each pass's
+    working set while it runs. With a working-set override far below what a pass really
+    takes (`--vram-cost`), admission lets a call in that the card cannot hold: the pass
+    fails as the retryable GpuOutOfMemory, as CUDA's would, the model's estimate is raised
+    and the worker keeps serving calls that fit."""
+    g = gpulane(
+        "--model", f"tiny={FIXTURES / 'tiny-bert-cls'}",
+        "--simulate-gpus", "1x12MiB", "--vram-cost", "tiny=1MiB", "--vram-headroom", "0",
+    )
+    card = "GPU-SIM-t-0"
+
+    async def go():
+        async with workflow_env(temporal_address) as (client, queue):
+            async def once(texts):
+                return await client.execute_workflow(
+                    "TryOnce", args=["embed", "gpu-tools", {"texts": texts}, {}],
+                    id=f"sim-{uuid.uuid4()}", task_queue=queue,
+                    execution_timeout=timedelta(minutes=2),
+                )
+            big = await once([" ".join(["word"] * 120)] * 64)
+            small = await once(["a short text"])
+            return big, small
+
+    big, small = asyncio.run(go())
+    assert "error" in big, big
+    assert big["error"]["type"] == "GpuOutOfMemory" and big["error"]["non_retryable"] is False, big
+    assert f"simulated card {card} out of memory" in big["error"]["message"], big
+    assert "ok" in small and small["ok"]["device"]["uuid"] == card, small
+    text = g.metrics()
+    assert f'gpulane_gpu_out_of_memory_total{{activity_type="embed",gpu_uuid="{card}"}} 1' in text, text
+    assert "raising the working-set estimate" in g.log()
+    status = g.status("--no-backlog")
+    budget = status["devices"][0]["budget"]
+    assert budget["estimates_bytes"]["tiny"] > 1 << 20, budget
+    assert budget["weights_bytes"] > 0, budget

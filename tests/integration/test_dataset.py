@@ -210,7 +210,7 @@ def test_a_20000_row_parquet_on_s3_in_4_shards_over_2_cards(temporal_address, gp
     direct = check_against_direct_embed(temporal_address, "gpu-tools", data, out, sample, "a")
     assert (direct["model"], direct["revision"]) == (manifests[0]["model"], manifests[0]["revision"])
     text = g.metrics()
-    by_card = {dev: metric_sum(text, "gpulane_batch_rows_total", device=dev) for dev in ("GPU-SIM-0", "GPU-SIM-1")}
+    by_card = {dev: metric_sum(text, "gpulane_batch_rows_total", device=dev) for dev in ("GPU-SIM-t-0", "GPU-SIM-t-1")}
     print(f"[a] rows per card (gpulane_batch_rows_total): {by_card}")
     assert metric_sum(text, "gpulane_dataset_parts_total", outcome="written") == len(out.part_names), series(text)
     assert metric_sum(text, "gpulane_dataset_rows_total") >= n
@@ -344,7 +344,7 @@ def test_d_a_job_sent_to_a_cards_private_queue_runs_there(temporal_address, gpul
     r = run_wf(temporal_address, "PinnedDataset", request, {"heartbeat_s": 10}, workers=[g])
     private = r["first"]["host_task_queue"]
     card = r["first"]["device"]["uuid"]
-    other = {"GPU-SIM-0": "GPU-SIM-1", "GPU-SIM-1": "GPU-SIM-0"}[card]
+    other = {"GPU-SIM-t-0": "GPU-SIM-t-1", "GPU-SIM-t-1": "GPU-SIM-t-0"}[card]
     assert private == f"gpu-tools.{g.host}.{card.lower()}", private
     check_manifest(r["manifest"], data=data, output_uri=loc.uri("out/"), start=0, end=n, part_rows=250, whole=True)
     Output(loc, "out/", DIMS).check_complete(data, loc, "out/")

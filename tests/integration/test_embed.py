@@ -62,7 +62,7 @@ def test_pin_pattern_keeps_both_calls_on_one_simulated_card(temporal_address, gp
     for r in results:
         first, second = r["first"], r["second"]
         assert first["device"]["kind"] == "gpu" and first["device"]["simulated"] is True
-        assert first["device"]["uuid"] in ("GPU-SIM-0", "GPU-SIM-1")
+        assert first["device"]["uuid"] in ("GPU-SIM-t-0", "GPU-SIM-t-1")
         assert first["host_task_queue"] == f"gpu-tools.{g.host}.{first['device']['uuid'].lower()}"
         assert second["device"] == first["device"], r
         assert second["host_task_queue"] == first["host_task_queue"]

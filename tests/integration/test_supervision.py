@@ -159,10 +159,10 @@ def test_panicking_activities_and_1us_heartbeat_timeouts_do_not_cost_the_card_it
     # The card still serves, on both its lanes.
     ok = call_once(temporal_address, "embed", "gpu-tools", {"texts": ["still serving"]},
                    schedule_to_start_s=30)
-    assert ok["ok"]["device"]["uuid"] == "GPU-SIM-0", ok
-    pinned = call_once(temporal_address, "embed", f"gpu-tools.{g.host}.gpu-sim-0",
+    assert ok["ok"]["device"]["uuid"] == "GPU-SIM-t-0", ok
+    pinned = call_once(temporal_address, "embed", f"gpu-tools.{g.host}.gpu-sim-t-0",
                        {"texts": ["pinned"]}, schedule_to_start_s=30)
-    assert pinned["ok"]["device"]["uuid"] == "GPU-SIM-0", pinned
+    assert pinned["ok"]["device"]["uuid"] == "GPU-SIM-t-0", pinned
     text = g.metrics()
     assert 'gpulane_activity_panics_total{task_queue="gpu-tools"} 5' in text, text
     # Nothing is left running or holding the card's memory: only idle polls hold permits.

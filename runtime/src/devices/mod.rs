@@ -3,6 +3,10 @@
 //! through `nvml-wrapper`, which loads `libnvidia-ml.so` at run time: a machine without
 //! it, or without cards, is normal and serves the CPU lane.
 
+use std::sync::Arc;
+
+use gpulane_models::DeviceMemory;
+
 mod cuda;
 mod nvml;
 mod simulated;
@@ -97,4 +101,21 @@ pub(crate) trait DeviceInventory: Send + Sync {
     /// Reads a card again (name, total memory, a memory reading), for a card that could
     /// not be read at start: the card as it is now, or why it still cannot be read.
     fn probe(&self, card: &GpuDevice) -> Result<GpuDevice, DeviceError>;
+    /// Bytes this process itself holds on the card now (weights, live activations, the
+    /// CUDA context), when the inventory can tell: a simulated card always can; NVML can
+    /// where the driver lists per-process use (not in every container). `None` makes
+    /// admission assume the reading holds the loaded weights and nothing else of ours.
+    fn own_usage(&self, _uuid: &str) -> Option<u64> {
+        None
+    }
+    /// What the card's engines tell about each forward pass's memory: a simulated card's
+    /// accounting. `None` for real cards, where CUDA's allocator is the truth.
+    fn engine_memory(&self, _uuid: &str) -> Option<Arc<dyn DeviceMemory>> {
+        None
+    }
+    /// A simulated card's highest use by this process so far; `None` for real cards.
+    #[cfg(test)]
+    fn simulated_peak(&self, _uuid: &str) -> Option<u64> {
+        None
+    }
 }

@@ -118,6 +118,22 @@ impl DeviceInventory for NvmlInventory {
         Ok(mem.free)
     }
 
+    fn own_usage(&self, uuid: &str) -> Option<u64> {
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        let dev = self.nvml.device_by_uuid(uuid).ok()?;
+        let me = std::process::id();
+        // Inside a container with its own PID namespace the driver lists host PIDs, so
+        // this process is not found and admission falls back (see the trait).
+        dev.running_compute_processes()
+            .ok()?
+            .into_iter()
+            .find(|p| p.pid == me)
+            .and_then(|p| match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b),
+                UsedGpuMemory::Unavailable => None,
+            })
+    }
+
     fn probe(&self, card: &GpuDevice) -> Result<GpuDevice, DeviceError> {
         read_card(&self.nvml, card)
     }

@@ -13,14 +13,14 @@ use gpulane_activities::Route;
 use temporalio_client::Connection;
 use temporalio_common::worker::WorkerTaskTypes;
 use temporalio_sdk_core::{
-    init_worker, CoreRuntime, SlotSupplierOptions, TunerHolderOptions, Worker, WorkerConfig,
-    WorkerTuner,
+    init_worker, ActivitySlotKind, CoreRuntime, SlotSupplier, SlotSupplierOptions,
+    TunerHolderOptions, Worker, WorkerConfig, WorkerTuner,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::Event;
 use crate::{
-    admission::CardBudget,
+    admission::{CardBudget, CpuPool, PollGate},
     lanes::LaneKind,
     metrics::Metrics,
     settings::Settings,
@@ -71,6 +71,8 @@ pub(super) struct LaneRt {
     pub running: Arc<AtomicUsize>,
     /// The current worker's key in its card's turn-taking, while it polls.
     pub supplier: Option<u64>,
+    /// The current worker's poll gate, while it polls.
+    pub gate: Option<Arc<PollGate>>,
 }
 
 /// What a new worker for a lane needs besides the lane.
@@ -81,7 +83,7 @@ pub(super) struct WorkerDeps<'a> {
     pub metrics: &'a Arc<Metrics>,
     pub activities: &'a gpulane_activities::DeviceActivities,
     pub budget: Option<&'a Arc<CardBudget>>,
-    pub cpu_tuner: &'a Arc<dyn WorkerTuner + Send + Sync>,
+    pub cpu_pool: &'a Arc<CpuPool>,
     pub events: &'a UnboundedSender<Event>,
 }
 
@@ -102,24 +104,33 @@ impl LaneRt {
         // A card lane's supplier joins the card's turn-taking as it is made; if the
         // worker then fails to start, it leaves again.
         let mut supplier = None;
-        let tuner: Arc<dyn WorkerTuner + Send + Sync> = match d.budget {
+        let (slots, gate): (
+            Arc<dyn SlotSupplier<SlotKind = ActivitySlotKind> + Send + Sync>,
+            _,
+        ) = match d.budget {
             Some(b) => {
                 let slots = b.lane(
                     &self.queue,
                     &gpulane_activities::DeviceActivities::activity_types(),
                 );
                 supplier = Some(slots.id());
-                Arc::new(
-                    TunerHolderOptions::builder()
-                        .activity_slot_options(SlotSupplierOptions::Custom(Arc::new(slots)))
-                        .build_tuner_holder()
-                        .map_err(|e| worker_error(e.into()))?,
-                )
+                let gate = slots.gate();
+                (Arc::new(slots), gate)
             }
-            // Both CPU lanes (and the model ones) share one fixed pool of
-            // --max-concurrent-cpu slots; see runtime/src/supervisor/mod.rs.
-            None => d.cpu_tuner.clone(),
+            // Every CPU lane (the model ones too) draws on one pool of
+            // --max-concurrent-cpu slots.
+            None => {
+                let slots = d.cpu_pool.lane();
+                let gate = slots.gate();
+                (Arc::new(slots), gate)
+            }
         };
+        let tuner: Arc<dyn WorkerTuner + Send + Sync> = Arc::new(
+            TunerHolderOptions::builder()
+                .activity_slot_options(SlotSupplierOptions::Custom(slots))
+                .build_tuner_holder()
+                .map_err(|e| worker_error(e.into()))?,
+        );
         let worker = match self.new_worker(&d, tuner).await {
             Ok(w) => Arc::new(w),
             Err(e) => {
@@ -130,6 +141,7 @@ impl LaneRt {
             }
         };
         self.supplier = supplier;
+        self.gate = Some(gate);
         self.generation += 1;
         self.worker = Arc::downgrade(&worker);
         self.state = LaneState::Polling;
@@ -231,12 +243,30 @@ impl LaneRt {
 
     /// Stops polling; running activities finish (core cancels what is left after the
     /// graceful shutdown period, and the lane fails those back retryably).
+    ///
+    /// The worker is not shut down at once: sdk-core 0.10.1 throws away a long poll still
+    /// open at shutdown, even one the server has just answered with a task, which is then
+    /// lost until its timeout. So the lane's gate closes first (no new polls), its open
+    /// polls come back (a task arriving on one runs), and only then, or once no task has
+    /// arrived for [`POLL_QUIET`] (an idle queue's polls would hold for a minute), does the
+    /// worker shut down.
     pub(super) fn stop(&mut self, metrics: &Metrics, device: &str, budget: Option<&CardBudget>) {
         if self.state != LaneState::Polling {
             return;
         }
+        let gate = self.gate.take();
+        if let Some(g) = &gate {
+            g.close();
+        }
         if let Some(w) = self.worker.upgrade() {
-            w.initiate_shutdown();
+            let queue = self.queue.clone();
+            tokio::spawn(async move {
+                if let Some(g) = gate {
+                    let open = g.settle(POLL_QUIET, POLL_SETTLE_LIMIT).await;
+                    tracing::debug!(task_queue = %queue, open_polls = open, "polls settled; shutting the lane's worker down");
+                }
+                w.initiate_shutdown();
+            });
         }
         self.leave_turns(budget);
         self.state = LaneState::Stopping;
@@ -255,6 +285,11 @@ impl LaneRt {
 /// How long a stopped lane's worker may take to release everything once its last task is
 /// done.
 const WORKER_SHUTDOWN: Duration = Duration::from_secs(30);
+/// A stopping lane's open polls are interrupted once no task has arrived on them for this
+/// long (see [`LaneRt::stop`]).
+const POLL_QUIET: Duration = Duration::from_secs(1);
+/// And at the latest after this long.
+const POLL_SETTLE_LIMIT: Duration = Duration::from_secs(10);
 /// How long the server may take to confirm a new worker's namespace.
 const VALIDATE_TIMEOUT: Duration = Duration::from_secs(20);
 

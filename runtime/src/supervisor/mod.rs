@@ -29,9 +29,7 @@ use futures::FutureExt;
 use gpulane_proto::admin::{DrainResponse, ResumeResponse, StatusResponse};
 use temporalio_client::Connection;
 use temporalio_common::telemetry::TelemetryOptions;
-use temporalio_sdk_core::{
-    CoreRuntime, RuntimeOptions, SlotSupplierOptions, TunerHolderOptions, WorkerTuner,
-};
+use temporalio_sdk_core::{CoreRuntime, RuntimeOptions};
 use tokio::{
     sync::{mpsc, oneshot},
     time::Instant,
@@ -39,7 +37,7 @@ use tokio::{
 
 use self::lane::{LaneRt, LaneState, WorkerDeps};
 use crate::{
-    admission::{refresh, CardBudget},
+    admission::{refresh, CardBudget, CpuPool},
     config::RunArgs,
     devices::DeviceInventory,
     health::Health,
@@ -169,7 +167,7 @@ struct Supervisor {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     /// The CPU lanes' shared fixed pool of slots.
-    cpu_tuner: Arc<dyn WorkerTuner + Send + Sync>,
+    cpu_pool: Arc<CpuPool>,
     /// Every card's budget, read by the memory refresh.
     cards: Arc<Mutex<Vec<Arc<CardBudget>>>>,
     devices: Vec<Device>,
@@ -221,10 +219,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     // serve what it declares must not take tasks.
     let setups = {
         let (settings, models, metrics) = (settings.clone(), models.clone(), metrics.clone());
+        let inv = inv.clone();
         tokio::task::spawn_blocking(move || {
             plans
                 .into_iter()
-                .map(|p| load_device(p, &models, &settings, &metrics))
+                .map(|p| load_device(p, &models, &settings, &metrics, &*inv))
                 .collect::<Result<Vec<_>, _>>()
         })
         .await
@@ -253,14 +252,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     // a CPU inference worker keeps the CPU busy by design, so it starved the engine of
     // the concurrent activities it batches. Waiting activities cost little memory: they
     // hold token ids, not activations.
-    let cpu_tuner: Arc<dyn WorkerTuner + Send + Sync> = Arc::new(
-        TunerHolderOptions::builder()
-            .activity_slot_options(SlotSupplierOptions::FixedSize {
-                slots: settings.max_concurrent_cpu,
-            })
-            .build_tuner_holder()
-            .map_err(|e| RuntimeError::Config(format!("CPU lane slots: {e}")))?,
-    );
+    let cpu_pool = CpuPool::new(settings.max_concurrent_cpu);
 
     let mut sup = Supervisor {
         settings: settings.clone(),
@@ -268,7 +260,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
         connection: connection.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
-        cpu_tuner,
+        cpu_pool,
         cards: Arc::default(),
         devices: Vec::new(),
         broken,
@@ -314,6 +306,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
             ),
         );
     }
+    sup.check_private_queues().await?;
     for i in 0..sup.lanes.len() {
         if let Err(e) = sup.start_lane(i).await {
             // Lanes already polling may hold tasks: drain them before giving up.
@@ -329,6 +322,38 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     tracing::info!(namespace = %settings.temporal.namespace, address = %settings.temporal.address,
         inventory = inv.source(), ?queues, identity = %settings.identity, "gpulane ready");
     sup.serve().await
+}
+
+impl Supervisor {
+    /// Refuses to start when another process already polls one of this worker's private
+    /// queues: two workers with the same `--host` would each serve part of the calls
+    /// pinned to a card. A queue that cannot be described is let through (the server may
+    /// refuse DescribeTaskQueue to this worker's credentials) with a warning.
+    async fn check_private_queues(&self) -> Result<(), RuntimeError> {
+        for lane in self.lanes.iter().filter(|l| l.kind == LaneKind::Private) {
+            match crate::temporal::foreign_pollers(
+                &self.connection,
+                &self.settings.temporal.namespace,
+                &lane.queue,
+                &self.settings.identity,
+            )
+            .await
+            {
+                Ok(others) => {
+                    if let Some((other, seconds_ago)) = others.into_iter().next() {
+                        return Err(RuntimeError::QueueTaken {
+                            queue: lane.queue.clone(),
+                            other,
+                            seconds_ago,
+                        });
+                    }
+                }
+                Err(e) => tracing::warn!(task_queue = %lane.queue, error = %e.message(),
+                    "cannot check whether another process polls this private queue"),
+            }
+        }
+        Ok(())
+    }
 }
 
 fn bind(
@@ -403,10 +428,10 @@ async fn retry_cards(
                 .gpu
                 .clone()
                 .expect("only cards are set aside; this is a bug");
-            let inv = inv.clone();
+            let probe_inv = inv.clone();
             let probed = tokio::task::spawn_blocking(move || {
-                let g = inv.probe(&gpu)?;
-                inv.free_memory(&g.uuid).map(|_| g)
+                let g = probe_inv.probe(&gpu)?;
+                probe_inv.free_memory(&g.uuid).map(|_| g)
             })
             .await
             .expect("reading a card panicked; this is a bug");
@@ -414,14 +439,15 @@ async fn retry_cards(
                 Err(e) => Err(e.to_string()),
                 Ok(g) => {
                     card.plan.gpu = Some(g);
-                    let (plan, models, settings, metrics) = (
+                    let (plan, models, settings, metrics, inv) = (
                         card.plan.clone(),
                         models.clone(),
                         settings.clone(),
                         metrics.clone(),
+                        inv.clone(),
                     );
                     tokio::task::spawn_blocking(move || {
-                        load_device(plan, &models, &settings, &metrics)
+                        load_device(plan, &models, &settings, &metrics, &*inv)
                     })
                     .await
                     .expect("loading models panicked; this is a bug")
@@ -507,6 +533,7 @@ impl Supervisor {
                 generation: 0,
                 running: Arc::default(),
                 supplier: None,
+                gate: None,
             });
         }
         self.devices.push(Device {
@@ -526,7 +553,7 @@ impl Supervisor {
             metrics: &self.metrics,
             activities: &device.setup.activities,
             budget: device.setup.budget.as_ref(),
-            cpu_tuner: &self.cpu_tuner,
+            cpu_pool: &self.cpu_pool,
             events: &self.events,
         };
         self.lanes[i].start(i, deps).await?;

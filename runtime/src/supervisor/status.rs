@@ -40,10 +40,13 @@ impl Supervisor {
                             reading_error: s.free.err().unwrap_or_default(),
                             reserved_bytes: s.reserved,
                             headroom_bytes: s.headroom,
-                            unseen_resident_bytes: s.unseen_resident,
-                            permits_out: s.permits_out as u32,
+                            weights_bytes: s.weights,
+                            permits_out: s.running as u32,
                             permit_cap: s.cap as u32,
-                            estimates_bytes: s.estimates,
+                            estimates_bytes: s.estimates.into_iter().collect(),
+                            others_bytes: s.others,
+                            idle_polls: s.idle_polls as u32,
+                            waiting_rows_bytes: s.waiting_rows.into_iter().collect(),
                         }
                     }),
                 }
