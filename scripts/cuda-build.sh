@@ -18,6 +18,12 @@
 #   "Building for GPUs".
 # - Output: target/cuda/release/gpulane (its own target directory, so it never disturbs
 #   the CPU build in target/). About 10 minutes clean on 2 cores.
+# - `--check` (what CI runs): instead of the release build and smoke test, clippy with
+#   `-D warnings` over the whole workspace with the cuda feature on, in the CPU build's
+#   target/ (crates that do not depend on candle share their checked state with the CPU
+#   clippy run). It compiles the CUDA kernels and type-checks and lints every cuda-only
+#   line, without a second release build of the tree; linking against the CUDA libraries
+#   is left to the full build (gpu-check.sh runs it on the card).
 #
 # Environment: GPULANE_CUDA_HOME (wheel cache), GPULANE_CUDA_COMPUTE_CAP,
 # GPULANE_CUDA_TARGET_DIR (default target/cuda), CUDAFORGE_THREADS (kernel compile jobs),
@@ -25,6 +31,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+mode=build
+case "${1:-}" in
+  --check) mode=check ;;
+  "") ;;
+  *) echo "usage: scripts/cuda-build.sh [--check]" >&2; exit 2 ;;
+esac
 
 cache="${GPULANE_CUDA_HOME:-$HOME/.cache/gpulane/cuda-13.0}"
 cuda="$cache/nvidia/cu13"
@@ -103,8 +115,15 @@ export PATH="$cuda/bin:$PATH"
 export CUDARC_CUDA_VERSION=13000
 export CUDA_COMPUTE_CAP="${GPULANE_CUDA_COMPUTE_CAP:-90}"
 export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}"
-export CARGO_TARGET_DIR="${GPULANE_CUDA_TARGET_DIR:-$root/target/cuda}"
 log "nvcc: $(nvcc --version | tail -n 2 | head -n 1)"
+if [[ "$mode" == check ]]; then
+  log "checking and linting the workspace with the cuda feature, for compute capability $CUDA_COMPUTE_CAP"
+  start=$(date +%s)
+  nice -n 19 cargo clippy --release --workspace --all-targets --features gpulane/cuda -- -D warnings
+  log "check took $(( $(date +%s) - start )) s"
+  exit 0
+fi
+export CARGO_TARGET_DIR="${GPULANE_CUDA_TARGET_DIR:-$root/target/cuda}"
 log "building for compute capability $CUDA_COMPUTE_CAP into $CARGO_TARGET_DIR"
 start=$(date +%s)
 nice -n 19 cargo build --release -p gpulane --features cuda --bin gpulane

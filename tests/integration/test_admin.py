@@ -58,8 +58,10 @@ def test_status_lists_every_lane_with_a_backlog_that_grows_while_a_card_is_full(
     # server lists a poller once its first poll arrives).
     deadline = time.monotonic() + 15
     while True:
+        # This worker's pollers only: earlier tests' workers may still be listed.
         shared_pollers = {p["identity"] for l in g.status()["lanes"] if l["task_queue"] == "gpu-tools"
-                          for p in l["backlog"]["pollers"]}
+                          for p in l["backlog"]["pollers"]
+                          if p["identity"].startswith(status["identity"] + "/")}
         if any(p.endswith("/GPU-SIM-t-1/gpu-tools") for p in shared_pollers) or time.monotonic() > deadline:
             break
         time.sleep(0.5)

@@ -112,5 +112,6 @@ def test_a_simulated_card_holds_what_its_engines_hold_and_a_pass_past_its_total_
     assert "raising the working-set estimate" in g.log()
     status = g.status("--no-backlog")
     budget = status["devices"][0]["budget"]
-    assert budget["estimates_bytes"]["tiny"] > 1 << 20, budget
+    assert budget["working_set_bytes"]["tiny"] > 1 << 20, budget
+    assert budget["estimates_bytes"]["embed"] == budget["working_set_bytes"]["tiny"], budget
     assert budget["weights_bytes"] > 0, budget

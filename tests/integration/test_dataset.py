@@ -173,8 +173,8 @@ def new_prefix() -> str:
 
 # --- a. sharded, from S3, over two simulated cards ------------------------------------------
 
-def test_a_20000_row_parquet_on_s3_in_4_shards_over_2_cards(temporal_address, gpulane, s3):
-    n, shards, part_rows = 20_000, 4, 1000
+def test_a_8000_row_parquet_on_s3_in_4_shards_over_2_cards(temporal_address, gpulane, s3):
+    n, shards, part_rows = 8_000, 4, 1000
     loc = S3Prefix(s3, new_prefix())
     data = write_dataset(loc, "data/corpus.parquet", n, row_group_size=3000)
     g = gpulane("--model", str(minilm_dir()), "--simulate-gpus", "2x16GiB",

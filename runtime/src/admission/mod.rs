@@ -146,6 +146,8 @@ pub(crate) struct BudgetSnapshot {
     pub cap: usize,
     /// Working-set estimate by model.
     pub estimates: std::collections::BTreeMap<String, u64>,
+    /// The largest working-set estimate of the models serving each activity type.
+    pub by_activity: std::collections::BTreeMap<String, u64>,
     /// Waiting-rows cost by activity type.
     pub waiting_rows: std::collections::BTreeMap<String, u64>,
 }
@@ -507,6 +509,13 @@ impl CardBudget {
                 .iter()
                 .map(|e| (e.cost.model.clone(), e.estimate))
                 .collect(),
+            by_activity: s.engines.iter().fold(Default::default(), |mut m, e| {
+                for a in &e.cost.serves {
+                    let v = m.entry(a.clone()).or_insert(0);
+                    *v = (*v).max(e.estimate);
+                }
+                m
+            }),
             waiting_rows: self
                 .opts
                 .waiting_rows
