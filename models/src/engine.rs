@@ -148,9 +148,15 @@ impl Forward for Driven {
             .kind
             .pass_bytes(rows.len() * longest, longest, self.dtype_bytes);
         memory.take(bytes).map_err(ModelError::OutOfMemory)?;
-        let out = self.model.forward(rows);
-        memory.give_back(bytes);
-        out
+        // Given back however the pass ends, a panic included.
+        struct GiveBack<'a>(&'a dyn DeviceMemory, u64);
+        impl Drop for GiveBack<'_> {
+            fn drop(&mut self) {
+                self.0.give_back(self.1);
+            }
+        }
+        let _give_back = GiveBack(memory.as_ref(), bytes);
+        self.model.forward(rows)
     }
 }
 

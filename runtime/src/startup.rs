@@ -174,11 +174,13 @@ pub(crate) fn load_device(
 ) -> Result<DeviceSetup, RuntimeError> {
     let device = engine_device(&plan)?;
     let on_cpu = matches!(device, EngineDevice::Cpu);
-    // A simulated card accounts what its engines hold (see devices/simulated.rs).
+    // A simulated card accounts what its engines hold (see devices/simulated.rs); if a
+    // later model fails to load, the weights held so far go back with the engines.
     let memory = plan
         .gpu
         .as_ref()
         .and_then(|g| inventory.engine_memory(&g.uuid));
+    let mut held = HeldWeights(memory.clone(), 0);
     let mut engines = Vec::new();
     for m in models.iter().filter(|m| {
         if plan.gpu.is_some() {
@@ -205,7 +207,9 @@ pub(crate) fn load_device(
             }
         })?;
         if let Some(mem) = &memory {
-            mem.hold(engine.kind().weight_bytes(4));
+            let bytes = engine.kind().weight_bytes(4);
+            mem.hold(bytes);
+            held.1 += bytes;
         }
         match engine.kind() {
             ModelKind::Embedder(info) => tracing::info!(model = %m.name,
@@ -252,6 +256,8 @@ pub(crate) fn load_device(
         settings.data_roots.clone(),
         Some(metrics.datasets(plan.label())),
     );
+    // Loaded whole: the weights stay held as long as the engines.
+    held.1 = 0;
     Ok(DeviceSetup {
         plan,
         engines,
@@ -259,6 +265,18 @@ pub(crate) fn load_device(
         budget,
         lanes,
     })
+}
+
+/// Weights held on a simulated card by a device still loading: given back unless the
+/// device loads whole (its count is then set to 0, and they stay for the engines' life).
+struct HeldWeights(Option<Arc<dyn gpulane_models::DeviceMemory>>, u64);
+
+impl Drop for HeldWeights {
+    fn drop(&mut self) {
+        if let Some(mem) = &self.0 {
+            mem.give_back(self.1);
+        }
+    }
 }
 
 /// The admission budget of one card: each engine's working set from its model's cost

@@ -95,52 +95,66 @@ pub(crate) async fn describe_activity_queue(
         .map(tonic::Response::into_inner)
 }
 
-/// Pollers of `queue` that are not this process: identities whose prefix (before the
-/// first `/`) is not `ours` (this process's identity), seen within the last [`FOREIGN_RECENT`], and
-/// not a dead predecessor on this host (a default identity `gpulane@<host>:<pid>` whose
-/// PID no longer runs here: a worker restarted after a crash). Each with seconds since
-/// it was last seen.
-pub(crate) async fn foreign_pollers(
+/// Another process's poller of a queue, as the server lists it.
+#[derive(Debug, Clone)]
+pub(crate) struct OtherPoller {
+    pub identity: String,
+    /// When the server last saw it poll.
+    pub last_access: std::time::SystemTime,
+    /// Whether it runs: known for a default identity of this host (`gpulane@<host>:<pid>`,
+    /// by its PID), unknown otherwise (a pod's name, a custom `--identity`).
+    pub alive: Option<bool>,
+}
+
+/// Pollers of `queue` that are not this process (their identity is not `ours`, nor
+/// `ours/...`), seen within the last [`OTHER_RECENT`], leaving out a dead predecessor on
+/// this host (a worker restarted after a crash).
+pub(crate) async fn other_pollers(
     connection: &Connection,
     namespace: &str,
     queue: &str,
     ours: &str,
-) -> Result<Vec<(String, f64)>, tonic::Status> {
+) -> Result<Vec<OtherPoller>, tonic::Status> {
     let r = describe_activity_queue(connection, namespace, queue).await?;
     let now = std::time::SystemTime::now();
     Ok(r.pollers
         .into_iter()
         .filter_map(|p| {
-            let ago = p
+            let last_access = p
                 .last_access_time
                 .and_then(|t| std::time::SystemTime::try_from(t).ok())
-                .and_then(|t| now.duration_since(t).ok())
-                .unwrap_or_default();
-            let foreign = p.identity.split('/').next() != Some(ours)
-                && ago < FOREIGN_RECENT
-                && !dead_predecessor(&p.identity, ours);
-            foreign.then_some((p.identity, ago.as_secs_f64()))
+                .unwrap_or(now);
+            let mine = is_ours(&p.identity, ours);
+            let recent = now.duration_since(last_access).unwrap_or_default() < OTHER_RECENT;
+            let alive = pid_alive(&p.identity, ours);
+            (!mine && recent && alive != Some(false)).then_some(OtherPoller {
+                identity: p.identity,
+                last_access,
+                alive,
+            })
         })
         .collect())
 }
 
 /// How recently another poller must have polled to count: a live one polls again at the
 /// latest when its long poll (about a minute) ends.
-const FOREIGN_RECENT: std::time::Duration = std::time::Duration::from_secs(90);
+pub(crate) const OTHER_RECENT: std::time::Duration = std::time::Duration::from_secs(90);
 
-/// Whether `identity` is a default identity of this host (`gpulane@<host>:<pid>/...`, as
-/// `ours` is) whose process no longer runs.
-fn dead_predecessor(identity: &str, ours: &str) -> bool {
-    let Some((our_host, _)) = ours.rsplit_once(':') else {
-        return false;
-    };
-    let Some((host, pid)) = identity.split('/').next().and_then(|p| p.rsplit_once(':')) else {
-        return false;
-    };
-    match pid.parse::<u32>() {
-        Ok(pid) if host == our_host => !std::path::Path::new(&format!("/proc/{pid}")).exists(),
-        _ => false,
-    }
+/// Whether a poller's `identity` is one of this process's lanes (`ours/<device>/<queue>`).
+/// A custom `--identity` may itself contain '/'.
+fn is_ours(identity: &str, ours: &str) -> bool {
+    identity
+        .strip_prefix(ours)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// Whether the process behind a default identity of this host (`gpulane@<host>:<pid>/...`,
+/// as `ours` is) still runs; `None` for any other identity.
+fn pid_alive(identity: &str, ours: &str) -> Option<bool> {
+    let (our_host, _) = ours.rsplit_once(':')?;
+    let (host, pid) = identity.split('/').next()?.rsplit_once(':')?;
+    let pid: u32 = pid.parse().ok()?;
+    (host == our_host).then(|| std::path::Path::new(&format!("/proc/{pid}")).exists())
 }
 
 /// Whether the frontend answers now (a cheap `GetSystemInfo`), for readiness.
@@ -223,6 +237,43 @@ pub(crate) fn failure(err: &ActivityError, attempt: u32) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_second_argument_is_refused() {
+        let p = json_payload(b"{}".to_vec());
+        let e = input_json(&[p.clone(), p]).unwrap_err().to_string();
+        assert!(
+            e.contains("2 arguments") && e.contains("exactly one"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn other_pollers_are_told_from_this_process_and_from_dead_predecessors() {
+        let me = format!("gpulane@box:{}", std::process::id());
+        assert!(is_ours(&format!("{me}/GPU-1/q"), &me));
+        assert!(
+            !is_ours(&format!("{me}0/GPU-1/q"), &me),
+            "another PID with our digits"
+        );
+        assert!(
+            is_ours("team/a/GPU-1/q", "team/a"),
+            "a custom identity with '/'"
+        );
+        // This process runs; PID 0 never names a process in /proc.
+        assert_eq!(pid_alive(&format!("{me}/GPU-1/q"), &me), Some(true));
+        assert_eq!(pid_alive("gpulane@box:0/GPU-1/q", &me), Some(false));
+        assert_eq!(
+            pid_alive("gpulane@other:1/GPU-1/q", &me),
+            None,
+            "another host"
+        );
+        assert_eq!(
+            pid_alive("gpulane@pod-7f9c/GPU-1/q", &me),
+            None,
+            "a pod's name"
+        );
+    }
 
     #[test]
     fn input_must_be_json() {

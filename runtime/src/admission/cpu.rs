@@ -80,10 +80,13 @@ impl CpuSlots {
     }
 
     fn try_open(&self) -> Option<SlotSupplierPermit> {
-        if self.gate.is_closed() || !self.pool.try_take() {
+        if !self.gate.try_open() {
             return None;
         }
-        self.gate.opened();
+        if !self.pool.try_take() {
+            self.gate.ended(false);
+            return None;
+        }
         Some(SlotSupplierPermit::with_user_data(Open(AtomicBool::new(
             true,
         ))))
@@ -126,6 +129,15 @@ impl SlotSupplier for CpuSlots {
             }
         }
         self.pool.give();
+    }
+
+    fn available_slots(&self) -> Option<usize> {
+        let taken = *self
+            .pool
+            .taken
+            .lock()
+            .expect("cpu pool lock poisoned; this is a bug");
+        Some(self.pool.cap.saturating_sub(taken))
     }
 
     fn slot_supplier_kind(&self) -> String {

@@ -22,14 +22,18 @@
 //!       - waiting rows  >=  rows of one task + the largest idle engine's working set
 //! ```
 //!
-//! and fewer than `cap` tasks run. **Idle polls hold nothing**: a permit is only charged
+//! and fewer than `cap` tasks run. A running task whose engine is not known yet (its
+//! input is still being read and tokenized, or a dataset job is between chunks) keeps an
+//! engine it could use promised. **Idle polls hold nothing**: a permit is only charged
 //! when a task arrives on it (`mark_slot_used`). Each lane may always keep one poll open
 //! while the card has room for one task, so one lane's idle polls never starve the other
 //! (a pinned follow-up's private queue, or the shared one); a lane's further polls need
 //! room for every poll open. The price: when tasks arrive on several lanes at once, the
-//! card can run up to one task per extra lane beyond its cap or room for a moment; they
-//! queue in the engine, which runs one pass at a time, so memory stays one working set
-//! per busy engine. Without a permit the lane does not poll, so the task waits in
+//! card can run up to one task per extra lane beyond its cap or room for a moment. Tasks
+//! for the same engine only queue in it (it runs one pass at a time); tasks that land on
+//! different engines need a working set each, so on a card serving several models that
+//! moment can over-commit, which an out-of-memory error (retryable, and raising the
+//! estimate) answers. Without a permit the lane does not poll, so the task waits in
 //! Temporal (visible as backlog) where another card or host can take it.
 
 mod cpu;
@@ -117,6 +121,8 @@ struct State {
     own: Option<u64>,
     /// Tasks running (permits that received a task and are not yet released).
     running: usize,
+    /// The same, by activity type.
+    running_by_type: HashMap<String, usize>,
     /// The waiting-rows cost of the running tasks.
     waiting: u64,
     engines: Vec<EngineState>,
@@ -196,6 +202,7 @@ impl CardBudget {
                 free: Err("no memory reading yet".to_owned()),
                 own: None,
                 running: 0,
+                running_by_type: HashMap::new(),
                 waiting: 0,
                 engines,
                 idle: HashMap::new(),
@@ -213,12 +220,33 @@ impl CardBudget {
             .expect("card budget lock poisoned; this is a bug")
     }
 
-    /// Busy engines' working sets.
+    /// Which engines count their working set now: every engine with work, and for each
+    /// activity type with `n` running tasks, the `n` largest other engines serving it. A
+    /// task's engine shows work only once its input is read and tokenized (and a dataset
+    /// job's between its chunks not at all), and which engine it will use is unknown until
+    /// then, so every engine it could use stays promised. On a card with one model per
+    /// kind that is exactly the model's working set; with several, it is cautious.
+    fn committed_engines(s: &State) -> Vec<bool> {
+        let mut committed: Vec<bool> = s.engines.iter().map(EngineState::busy).collect();
+        for (activity, n) in &s.running_by_type {
+            let mut could: Vec<usize> = (0..s.engines.len())
+                .filter(|&i| !committed[i] && s.engines[i].serves(activity))
+                .collect();
+            could.sort_by_key(|&i| std::cmp::Reverse(s.engines[i].estimate));
+            for i in could.into_iter().take(*n) {
+                committed[i] = true;
+            }
+        }
+        committed
+    }
+
+    /// The committed engines' working sets.
     fn committed(s: &State) -> u64 {
-        s.engines
+        Self::committed_engines(s)
             .iter()
-            .filter(|e| e.busy())
-            .map(|e| e.estimate)
+            .zip(&s.engines)
+            .filter(|(c, _)| **c)
+            .map(|(_, e)| e.estimate)
             .sum()
     }
 
@@ -283,20 +311,25 @@ impl CardBudget {
             .unwrap_or(0)
     }
 
-    /// How many more tasks of `kinds` the card can take now: the first may land on the
-    /// largest idle engine (its working set), every one brings its waiting rows.
-    fn room(&self, s: &State, kinds: &[String]) -> Result<usize, Blocked> {
+    /// How many more tasks of `kinds` (on `model`'s engine only, for a model lane) the card
+    /// can take now: the first may land on the largest engine not yet committed (its
+    /// working set), every one brings its waiting rows.
+    fn room(&self, s: &State, kinds: &[String], model: Option<&str>) -> Result<usize, Blocked> {
         let free = *s.free.as_ref().map_err(|_| Blocked::NoReading)?;
         let slots = self.opts.cap.saturating_sub(s.running);
         if slots == 0 {
             return Err(Blocked::Cap);
         }
         let rows = self.waiting_cost(kinds);
+        let committed = Self::committed_engines(s);
         let idle_working = s
             .engines
             .iter()
-            .filter(|e| !e.busy() && kinds.iter().any(|k| e.serves(k)))
-            .map(|e| e.estimate)
+            .zip(&committed)
+            .filter(|(e, c)| {
+                !**c && kinds.iter().any(|k| e.serves(k)) && model.is_none_or(|m| e.cost.model == m)
+            })
+            .map(|(e, _)| e.estimate)
             .max()
             .unwrap_or(0);
         let available = self.available(s, free);
@@ -336,9 +369,11 @@ impl CardBudget {
             .iter_mut()
             .filter(|e| model.map_or(e.serves(activity_type), |m| e.cost.model == m))
         {
+            // Never lowered by an OOM, even when an override is already above the ceiling.
             let raised = (e.estimate + e.estimate / 2)
                 .max(e.estimate + OOM_STEP)
-                .min(ceiling);
+                .min(ceiling)
+                .max(e.estimate);
             tracing::warn!(gpu_uuid = %self.uuid, activity_type, model = %e.cost.model,
                 from = e.estimate, to = raised,
                 "out of memory on the card: raising the working-set estimate");
@@ -383,7 +418,7 @@ impl CardBudget {
     /// reading: what `gpulane admission` prints. Reserves nothing.
     pub(crate) fn would_admit(&self, activity_type: &str) -> Result<usize, String> {
         let s = self.lock();
-        match self.room(&s, &[activity_type.to_owned()]) {
+        match self.room(&s, &[activity_type.to_owned()], None) {
             Ok(n) => Ok(n),
             Err(Blocked::NoReading) => Err(s.free.clone().err().unwrap_or_default()),
             Err(_) => Ok(0),
@@ -408,7 +443,12 @@ impl CardBudget {
     /// Opens a poll for `supplier`'s lane, serving `kinds`. A lane's first poll needs
     /// room for one task; a further one needs room for every poll open plus one for each
     /// lane that has none, so that one lane never holds a card's last room idle.
-    fn try_poll(&self, supplier: u64, kinds: &[String]) -> Result<(), Blocked> {
+    fn try_poll(
+        &self,
+        supplier: u64,
+        kinds: &[String],
+        model: Option<&str>,
+    ) -> Result<(), Blocked> {
         let mut s = self.lock();
         let mine = s.idle.get(&supplier).copied().unwrap_or(0);
         let need = if mine == 0 {
@@ -422,7 +462,7 @@ impl CardBudget {
                     .count();
             open + 1 + without
         };
-        let room = self.room(&s, kinds)?;
+        let room = self.room(&s, kinds, model)?;
         if room < need {
             return Err(if self.opts.cap.saturating_sub(s.running) < need {
                 Blocked::Cap
@@ -436,15 +476,16 @@ impl CardBudget {
         Ok(())
     }
 
-    /// An open poll of `supplier` ended: it received a task (`Some(cost)`: the task's
-    /// waiting rows now count) or came back empty.
-    fn poll_ended(&self, supplier: u64, task: Option<u64>) {
+    /// An open poll of `supplier` ended: it received a task (`Some((type, rows))`: the
+    /// task and its waiting rows now count) or came back empty.
+    fn poll_ended(&self, supplier: u64, task: Option<(&str, u64)>) {
         let mut s = self.lock();
         if let Some(n) = s.idle.get_mut(&supplier) {
             *n = n.saturating_sub(1);
         }
-        if let Some(bytes) = task {
+        if let Some((activity, bytes)) = task {
             s.running += 1;
+            *s.running_by_type.entry(activity.to_owned()).or_insert(0) += 1;
             s.waiting += bytes;
             self.publish(&s);
         }
@@ -452,10 +493,13 @@ impl CardBudget {
         self.changed.notify_waiters();
     }
 
-    /// A task that held `bytes` of waiting rows ended.
-    fn task_ended(&self, bytes: u64) {
+    /// A task of `activity` that held `bytes` of waiting rows ended.
+    fn task_ended(&self, activity: &str, bytes: u64) {
         let mut s = self.lock();
         s.running = s.running.saturating_sub(1);
+        if let Some(n) = s.running_by_type.get_mut(activity) {
+            *n = n.saturating_sub(1);
+        }
         s.waiting = s.waiting.saturating_sub(bytes);
         self.publish(&s);
         drop(s);
@@ -525,9 +569,15 @@ impl CardBudget {
         }
     }
 
-    /// A slot supplier for one lane of this card, serving `activity_types`.
-    /// A lane's supplier is active from here until [`CardBudget::supplier_stopped`].
-    pub(crate) fn lane(self: &Arc<Self>, queue: &str, activity_types: &[&str]) -> LaneSlots {
+    /// A slot supplier for one lane of this card, serving `activity_types` (with `model`'s
+    /// engine only, for a model lane). A lane's supplier is active from here until
+    /// [`CardBudget::supplier_stopped`].
+    pub(crate) fn lane(
+        self: &Arc<Self>,
+        queue: &str,
+        activity_types: &[&str],
+        model: Option<&str>,
+    ) -> LaneSlots {
         let mut s = self.lock();
         let id = s.next_supplier;
         s.next_supplier += 1;
@@ -539,6 +589,7 @@ impl CardBudget {
             id,
             queue,
             activity_types.iter().map(|s| (*s).to_owned()).collect(),
+            model.map(str::to_owned),
         )
     }
 }

@@ -20,9 +20,9 @@ use super::CardBudget;
 /// Counts a lane's open polls (permits core took and has neither used nor released) and
 /// can close the lane to new polls. sdk-core 0.10.1 throws away a long poll that is still
 /// open when the worker shuts down, even one the server has just answered with a task,
-/// which is then lost until its timeout (see ARCHITECTURE.md, "Stopping"). A stopping lane
+/// which is then lost until its timeout (see below). A stopping lane
 /// closes its gate, lets its open polls come back (a task arriving on one runs), and only
-/// then shuts its worker down.
+/// then shuts its worker down (ARCHITECTURE.md, "The shutdown sequence").
 #[derive(Default)]
 pub(crate) struct PollGate {
     closed: AtomicBool,
@@ -43,17 +43,26 @@ impl PollGate {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// No new polls from here on.
     pub(crate) fn close(&self) {
-        self.closed.store(true, Ordering::Release);
+        self.closed.store(true, Ordering::SeqCst);
         self.changed.notify_waiters();
     }
 
-    pub(crate) fn opened(&self) {
-        self.open.fetch_add(1, Ordering::AcqRel);
+    /// Counts a poll about to open, unless the gate is closed. Counted first and the gate
+    /// checked after (both sequentially consistent, as `close` and `settle` are): a stop
+    /// that closes the gate in between then sees this poll open and waits for it, rather
+    /// than shutting the worker down under it.
+    pub(crate) fn try_open(&self) -> bool {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        if self.is_closed() {
+            self.ended(false);
+            return false;
+        }
+        true
     }
 
     /// An open poll came back, with a task or empty.
@@ -63,13 +72,13 @@ impl PollGate {
         }
         let _ = self
             .open
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         self.changed.notify_waiters();
     }
 
     /// Open polls now.
     pub(crate) fn open_polls(&self) -> usize {
-        self.open.load(Ordering::Acquire)
+        self.open.load(Ordering::SeqCst)
     }
 
     /// Waits until no poll is open, or until no task has arrived on one for `quiet` (an
@@ -103,10 +112,11 @@ impl PollGate {
 }
 
 /// What a permit holds, so release returns exactly that: whether it is still an open poll
-/// (no task yet), and the waiting-rows cost of its task.
+/// (no task yet), and its task's type and waiting-rows cost.
 struct Held {
     bytes: AtomicU64,
     idle: AtomicBool,
+    activity: std::sync::OnceLock<String>,
 }
 
 /// One lane's slot supplier, drawing on its card's [`CardBudget`].
@@ -116,6 +126,8 @@ pub(crate) struct LaneSlots {
     id: u64,
     queue: String,
     activity_types: Vec<String>,
+    /// A model lane's model: only its engine counts for the lane's room.
+    model: Option<String>,
     gate: Arc<PollGate>,
 }
 
@@ -125,12 +137,14 @@ impl LaneSlots {
         id: u64,
         queue: &str,
         activity_types: Vec<String>,
+        model: Option<String>,
     ) -> Self {
         Self {
             budget,
             id,
             queue: queue.to_owned(),
             activity_types,
+            model,
             gate: Arc::default(),
         }
     }
@@ -146,17 +160,23 @@ impl LaneSlots {
     }
 
     fn try_open(&self) -> Result<SlotSupplierPermit, super::Blocked> {
-        if self.gate.is_closed() {
+        if !self.gate.try_open() {
             return Err(super::Blocked::Cap);
         }
-        self.budget.try_poll(self.id, &self.activity_types)?;
-        self.gate.opened();
+        if let Err(b) = self
+            .budget
+            .try_poll(self.id, &self.activity_types, self.model.as_deref())
+        {
+            self.gate.ended(false);
+            return Err(b);
+        }
         self.budget
             .metrics
             .permit_issued(&self.budget.uuid, &self.queue);
         Ok(SlotSupplierPermit::with_user_data(Held {
             bytes: AtomicU64::new(0),
             idle: AtomicBool::new(true),
+            activity: std::sync::OnceLock::new(),
         }))
     }
 }
@@ -211,7 +231,8 @@ impl SlotSupplier for LaneSlots {
             if held.idle.swap(false, Ordering::AcqRel) {
                 let bytes = self.budget.waiting_cost(std::slice::from_ref(activity));
                 held.bytes.store(bytes, Ordering::Relaxed);
-                self.budget.poll_ended(self.id, Some(bytes));
+                let _ = held.activity.set(activity.clone());
+                self.budget.poll_ended(self.id, Some((activity, bytes)));
                 self.gate.ended(true);
             }
         }
@@ -226,7 +247,10 @@ impl SlotSupplier for LaneSlots {
             self.budget.poll_ended(self.id, None);
             self.gate.ended(false);
         } else {
-            self.budget.task_ended(held.bytes.load(Ordering::Relaxed));
+            self.budget.task_ended(
+                held.activity.get().map_or("", String::as_str),
+                held.bytes.load(Ordering::Relaxed),
+            );
         }
     }
 

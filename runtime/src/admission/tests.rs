@@ -126,16 +126,22 @@ async fn idle_polls_hold_nothing_and_only_arriving_tasks_are_charged() {
     let e = FakeEngine::new();
     let b = budget(16 * GIB, options(8, 0, GIB, vec![e.cost("m", 2 * GIB)]));
     b.set_reading(Ok(15 * GIB), None); // the weights are in the reading
-    let lane = b.lane("gpu-tools", &["embed"]);
+    let lane = b.lane("gpu-tools", &["embed"], None);
     let p1 = lane.try_reserve_slot(&Reserve).unwrap();
     assert_eq!(b.reserved(), 0, "an idle poll holds no memory");
     assert_eq!(b.running(), 0);
     let u = Used(p1, info("embed"));
     lane.mark_slot_used(&u);
-    assert_eq!(b.reserved(), MIB, "the task's waiting rows");
+    assert_eq!(
+        b.reserved(),
+        MIB + 2 * GIB,
+        "the task's waiting rows, and the working set of the engine it will use, before \
+         that engine shows any work (its input is still being tokenized)"
+    );
     e.busy(true);
-    assert_eq!(b.reserved(), MIB + 2 * GIB, "and its engine's working set");
+    assert_eq!(b.reserved(), MIB + 2 * GIB, "counted once when it does");
     e.busy(false);
+    assert_eq!(b.reserved(), MIB + 2 * GIB, "and between its passes");
     end(&lane, u);
     assert_eq!(b.reserved(), 0);
     assert_eq!(b.running(), 0);
@@ -155,7 +161,7 @@ async fn both_lanes_of_an_idle_card_poll_at_cap_one_and_with_memory_for_one_task
         b.set_reading(Ok(total), Some(0));
         b.expect_lane("gpu-tools");
         b.expect_lane("private");
-        let shared = b.lane("gpu-tools", &["embed"]);
+        let shared = b.lane("gpu-tools", &["embed"], None);
         let s1 = shared
             .try_reserve_slot(&Reserve)
             .expect("the shared lane polls");
@@ -165,7 +171,7 @@ async fn both_lanes_of_an_idle_card_poll_at_cap_one_and_with_memory_for_one_task
                 "a second shared poll would leave the private lane none"
             );
         }
-        let private = b.lane("private", &["embed"]);
+        let private = b.lane("private", &["embed"], None);
         let p1 = private
             .try_reserve_slot(&Reserve)
             .expect("the private lane polls too");
@@ -218,7 +224,7 @@ async fn a_16_gib_card_admits_what_its_engines_really_hold() {
         ),
     );
     read(&b);
-    let lane = b.lane("gpu-tools", &["embed"]);
+    let lane = b.lane("gpu-tools", &["embed"], None);
     let held = fill(&lane, 100);
     assert_eq!(held.len(), 32, "MiniLM: up to the cap");
     held.into_iter().for_each(|u| end(&lane, u));
@@ -274,11 +280,39 @@ async fn a_16_gib_card_admits_what_its_engines_really_hold() {
         Ok(0),
         "a neighbour's 12 GiB stops admission"
     );
-    let lane = b.lane("gpu-tools", &["embed"]);
+    let lane = b.lane("gpu-tools", &["embed"], None);
     assert!(lane.try_reserve_slot(&Reserve).is_none());
     std::fs::write(&file, "{}").unwrap();
     read(&b);
     assert!(lane.try_reserve_slot(&Reserve).is_some());
+}
+
+/// Review regression: on a card with two models, a task's engine shows work only after
+/// its input is tokenized; until then that engine's working set stays promised, so a
+/// second task cannot be admitted into it.
+#[tokio::test(start_paused = true)]
+async fn a_task_keeps_its_engine_promised_before_the_engine_shows_work() {
+    let (a, c) = (FakeEngine::new(), FakeEngine::new());
+    // 7 GiB for working sets: one 4 GiB engine and one 3 GiB one, not 4 + 4.
+    let b = budget(
+        7 * GIB + 2 * MIB,
+        options(8, 0, 0, vec![a.cost("a", 4 * GIB), c.cost("c", 3 * GIB)]),
+    );
+    b.set_reading(Ok(7 * GIB + 2 * MIB), Some(0));
+    let lane = b.lane("gpu-tools", &["embed"], None);
+    let t1 = task(&lane).expect("room for the first");
+    // t1 is still tokenizing: no engine shows work, yet the larger one it could use is
+    // promised, so a second task (which could need the 4 GiB one too) waits.
+    assert_eq!(b.reserved(), MIB + 4 * GIB);
+    let t2 = task(&lane).expect("the 3 GiB engine is still free");
+    assert_eq!(b.reserved(), 2 * MIB + 7 * GIB, "both engines promised");
+    assert!(
+        task(&lane).is_none(),
+        "nothing left for a third engine's pass"
+    );
+    end(&lane, t1);
+    end(&lane, t2);
+    assert_eq!(b.reserved(), 0);
 }
 
 /// Issue 14: whatever mix of long and short calls admission lets in, the simulated card
@@ -306,7 +340,7 @@ async fn a_mixed_load_never_drives_simulated_use_over_the_total() {
                 .collect(),
         ),
     );
-    let lane = b.lane("gpu-tools", &["embed"]);
+    let lane = b.lane("gpu-tools", &["embed"], None);
     let mut running: Vec<(Used, usize)> = Vec::new();
     let mut passes = 0;
     for step in 0..400usize {
@@ -353,12 +387,16 @@ async fn a_mixed_load_never_drives_simulated_use_over_the_total() {
 async fn no_poll_below_one_working_set_then_polls_flow_when_memory_frees() {
     let e = FakeEngine::new();
     let b = budget(8 * GIB, options(8, 0, 0, vec![e.cost("m", 2 * GIB)]));
-    let lane = b.lane("gpu-tools", &["embed"]);
+    let lane = b.lane("gpu-tools", &["embed"], None);
     b.set_reading(Ok(GIB), Some(0)); // one pass needs 2 GiB
     assert!(lane.try_reserve_slot(&Reserve).is_none());
     let waiter = {
         let b = b.clone();
-        tokio::spawn(async move { b.lane("gpu-tools", &["embed"]).reserve_slot(&Reserve).await })
+        tokio::spawn(async move {
+            b.lane("gpu-tools", &["embed"], None)
+                .reserve_slot(&Reserve)
+                .await
+        })
     };
     tokio::task::yield_now().await;
     assert!(!waiter.is_finished());
@@ -415,11 +453,11 @@ async fn out_of_memory_raises_the_estimate_and_successes_lower_it_again() {
 async fn a_failed_reading_stops_admission_until_one_succeeds() {
     let e = FakeEngine::new();
     let b = budget(8 * GIB, options(8, 0, 0, vec![e.cost("m", GIB)]));
-    let lane = b.lane("gpu-tools", &["embed"]);
+    let lane = b.lane("gpu-tools", &["embed"], None);
     b.set_reading(Ok(8 * GIB), Some(0));
     assert!(lane.try_reserve_slot(&Reserve).is_some());
     b.set_reading(Err(DeviceError::UnknownDevice("GPU-T".into())), None);
-    let other = b.lane("other", &["embed"]);
+    let other = b.lane("other", &["embed"], None);
     assert!(other.try_reserve_slot(&Reserve).is_none());
     b.set_reading(Ok(8 * GIB), Some(0));
     assert!(other.try_reserve_slot(&Reserve).is_some());
@@ -432,12 +470,12 @@ async fn turn_taking_survives_drains_and_resumes() {
     let e = FakeEngine::new();
     let b = budget(8 * GIB, options(2, 0, 0, vec![e.cost("m", GIB / 2)]));
     b.set_reading(Ok(8 * GIB), Some(0));
-    let shared = b.lane("gpu-tools", &["embed"]);
+    let shared = b.lane("gpu-tools", &["embed"], None);
     let s1 = shared.try_reserve_slot(&Reserve).unwrap();
     let s2 = shared
         .try_reserve_slot(&Reserve)
         .expect("room for two, no other lane");
-    let private = b.lane("private", &["embed"]);
+    let private = b.lane("private", &["embed"], None);
     assert!(shared.try_reserve_slot(&Reserve).is_none(), "the cap");
     let p1 = private
         .try_reserve_slot(&Reserve)
@@ -451,12 +489,12 @@ async fn turn_taking_survives_drains_and_resumes() {
         .expect("no lane is left without a poll");
     // A resumed lane's new supplier keeps its own count; the old one's late releases do
     // not change it.
-    let old = b.lane("private", &["embed"]);
+    let old = b.lane("private", &["embed"], None);
     let late = old
         .try_reserve_slot(&Reserve)
         .expect("the old worker's poll");
     b.supplier_stopped(old.id());
-    let resumed = b.lane("private", &["embed"]);
+    let resumed = b.lane("private", &["embed"], None);
     let r1 = resumed
         .try_reserve_slot(&Reserve)
         .expect("the resumed lane polls");
@@ -480,7 +518,7 @@ async fn a_closed_gate_opens_no_poll_and_settles_when_its_polls_are_back() {
     let e = FakeEngine::new();
     let b = budget(8 * GIB, options(8, 0, 0, vec![e.cost("m", GIB)]));
     b.set_reading(Ok(8 * GIB), Some(0));
-    let lane = b.lane("gpu-tools", &["embed"]);
+    let lane = b.lane("gpu-tools", &["embed"], None);
     let gate = lane.gate();
     let p1 = lane.try_reserve_slot(&Reserve).unwrap();
     let p2 = lane.try_reserve_slot(&Reserve).unwrap();
@@ -513,7 +551,7 @@ async fn a_closed_gate_opens_no_poll_and_settles_when_its_polls_are_back() {
     end(&lane, u);
 
     // An idle queue: the polls stay open; the gate settles after the quiet time.
-    let lane = b.lane("idle", &["embed"]);
+    let lane = b.lane("idle", &["embed"], None);
     let gate = lane.gate();
     let _p = lane.try_reserve_slot(&Reserve).unwrap();
     gate.close();

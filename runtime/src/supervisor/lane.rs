@@ -17,6 +17,7 @@ use temporalio_sdk_core::{
     TunerHolderOptions, Worker, WorkerConfig, WorkerTuner,
 };
 use tokio::sync::mpsc::UnboundedSender;
+use tracing::Instrument;
 
 use super::Event;
 use crate::{
@@ -109,9 +110,15 @@ impl LaneRt {
             _,
         ) = match d.budget {
             Some(b) => {
+                // A model lane's tasks can only use its model's engine.
+                let model = match &self.route {
+                    gpulane_activities::Route::Model { model, .. } => Some(model.as_str()),
+                    _ => None,
+                };
                 let slots = b.lane(
                     &self.queue,
                     &gpulane_activities::DeviceActivities::activity_types(),
+                    model,
                 );
                 supplier = Some(slots.id());
                 let gate = slots.gate();
@@ -259,14 +266,22 @@ impl LaneRt {
             g.close();
         }
         if let Some(w) = self.worker.upgrade() {
-            let queue = self.queue.clone();
-            tokio::spawn(async move {
-                if let Some(g) = gate {
-                    let open = g.settle(POLL_QUIET, POLL_SETTLE_LIMIT).await;
-                    tracing::debug!(task_queue = %queue, open_polls = open, "polls settled; shutting the lane's worker down");
+            // Owned by the lane's worker: it ends with the shutdown it starts, which the
+            // lane's task loop then sees (and reports) as the lane's end.
+            let span = tracing::info_span!("lane-stop", task_queue = %self.queue);
+            tokio::spawn(
+                async move {
+                    if let Some(g) = gate {
+                        let open = g.settle(POLL_QUIET, POLL_SETTLE_LIMIT).await;
+                        tracing::debug!(
+                            open_polls = open,
+                            "polls settled; shutting the lane's worker down"
+                        );
+                    }
+                    w.initiate_shutdown();
                 }
-                w.initiate_shutdown();
-            });
+                .instrument(span),
+            );
         }
         self.leave_turns(budget);
         self.state = LaneState::Stopping;

@@ -16,6 +16,7 @@
 //! background task dying) stops the affected lanes at once, the rest as above, and makes
 //! the process exit non-zero so its supervisor restarts it.
 
+mod collision;
 mod control;
 mod lane;
 mod status;
@@ -322,38 +323,6 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     tracing::info!(namespace = %settings.temporal.namespace, address = %settings.temporal.address,
         inventory = inv.source(), ?queues, identity = %settings.identity, "gpulane ready");
     sup.serve().await
-}
-
-impl Supervisor {
-    /// Refuses to start when another process already polls one of this worker's private
-    /// queues: two workers with the same `--host` would each serve part of the calls
-    /// pinned to a card. A queue that cannot be described is let through (the server may
-    /// refuse DescribeTaskQueue to this worker's credentials) with a warning.
-    async fn check_private_queues(&self) -> Result<(), RuntimeError> {
-        for lane in self.lanes.iter().filter(|l| l.kind == LaneKind::Private) {
-            match crate::temporal::foreign_pollers(
-                &self.connection,
-                &self.settings.temporal.namespace,
-                &lane.queue,
-                &self.settings.identity,
-            )
-            .await
-            {
-                Ok(others) => {
-                    if let Some((other, seconds_ago)) = others.into_iter().next() {
-                        return Err(RuntimeError::QueueTaken {
-                            queue: lane.queue.clone(),
-                            other,
-                            seconds_ago,
-                        });
-                    }
-                }
-                Err(e) => tracing::warn!(task_queue = %lane.queue, error = %e.message(),
-                    "cannot check whether another process polls this private queue"),
-            }
-        }
-        Ok(())
-    }
 }
 
 fn bind(
