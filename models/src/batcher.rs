@@ -246,16 +246,24 @@ pub(crate) fn serve(
     observer: &dyn BatchObserver,
 ) {
     let mut waiting: Vec<Request> = Vec::new();
+    // Idle means no call but health probes for IDLE_AFTER (probes come every few seconds
+    // and would otherwise keep an idle engine from ever being idle); told once per spell.
+    let mut last_work = Instant::now();
+    let mut told_idle = false;
     loop {
         if waiting.is_empty() {
-            // Told once per idle spell, after IDLE_AFTER without a call.
-            let first = match queue.recv_timeout(IDLE_AFTER) {
-                Ok(first) => Ok(first),
-                Err(RecvTimeoutError::Timeout) => {
-                    observer.idle();
-                    queue.recv().map_err(|_| ())
+            let first = if told_idle {
+                queue.recv().map_err(|_| ())
+            } else {
+                match queue.recv_timeout(IDLE_AFTER.saturating_sub(last_work.elapsed())) {
+                    Ok(first) => Ok(first),
+                    Err(RecvTimeoutError::Timeout) => {
+                        observer.idle();
+                        told_idle = true;
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => Err(()),
                 }
-                Err(RecvTimeoutError::Disconnected) => Err(()),
             };
             match first {
                 Ok(first) => waiting.push(first),
@@ -263,7 +271,12 @@ pub(crate) fn serve(
             }
         }
         let round = gather(&mut waiting, &queue, &limits);
+        let work = round.iter().any(|r| !r.probe);
         run_round(model, &limits, round, observer);
+        if work {
+            last_work = Instant::now();
+            told_idle = false;
+        }
     }
 }
 
