@@ -3,8 +3,8 @@
 # payloads, idle-poll starvation, a same-host collision) against real `gpulane run`
 # processes and a real `temporal server start-dev`, all on 127.0.0.1.
 #
-#   tests/chaos/run.sh            # every experiment (about 4 minutes here)
-#   tests/chaos/run.sh --fast     # the quick ones only (pytest -m fast; under 3 minutes)
+#   tests/chaos/run.sh            # every experiment (about 3 minutes here)
+#   tests/chaos/run.sh --fast     # the quick ones only (pytest -m fast; about 90 s)
 #   tests/chaos/run.sh --setup    # run scripts/setup.sh first (builds gpulane, fills .venv)
 #   tests/chaos/run.sh -- -k kill9   # anything after -- goes to pytest
 #
