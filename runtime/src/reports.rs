@@ -132,12 +132,16 @@ pub(crate) async fn print_admission(args: &RunArgs) -> Result<(), RuntimeError> 
             .as_ref()
             .map_or_else(|e| format!("error ({e})"), u64::to_string);
         budget.set_reading(reading, inv.own_usage(&g.uuid));
+        let snap = budget.snapshot();
+        // An activity no model on the card serves is admitted by nothing.
         let admits = |activity: &str| {
+            if !snap.by_activity.contains_key(activity) {
+                return "none (no model serves it)".to_owned();
+            }
             budget
                 .would_admit(activity)
                 .map_or_else(|e| format!("none ({e})"), |n| n.to_string())
         };
-        let snap = budget.snapshot();
         println!(
             "gpu {index} {uuid} total_bytes={total} free_bytes={free} others_bytes={others} \
              headroom_bytes={headroom} weights_bytes={weights} admit_embed={ae} admit_rerank={ar}",

@@ -242,7 +242,12 @@ impl CardBudget {
 
     /// The committed engines' working sets.
     fn committed(s: &State) -> u64 {
-        Self::committed_engines(s)
+        Self::working_of(s, &Self::committed_engines(s))
+    }
+
+    /// The working sets of the engines marked in `committed`.
+    fn working_of(s: &State, committed: &[bool]) -> u64 {
+        committed
             .iter()
             .zip(&s.engines)
             .filter(|(c, _)| **c)
@@ -277,24 +282,27 @@ impl CardBudget {
         self.changed.notify_waiters();
     }
 
-    /// Other tenants' use at the last reading: what the card uses beyond this process.
-    fn others(&self, s: &State, free: u64) -> u64 {
-        let own = s.own.unwrap_or(if self.opts.weights_in_reading {
+    /// What this process held at the last reading: the inventory's figure, else the
+    /// weights when the reading holds them.
+    fn own_now(&self, s: &State) -> u64 {
+        s.own.unwrap_or(if self.opts.weights_in_reading {
             self.opts.weights
         } else {
             0
-        });
-        self.total.saturating_sub(free).saturating_sub(own)
+        })
     }
 
-    /// Bytes still free for new work, from a reading of `free` bytes.
-    fn available(&self, s: &State, free: u64) -> u64 {
-        let own_now = s.own.unwrap_or(if self.opts.weights_in_reading {
-            self.opts.weights
-        } else {
-            0
-        });
-        let own_peak = own_now.max(self.opts.weights + Self::committed(s));
+    /// Other tenants' use at the last reading: what the card uses beyond this process.
+    fn others(&self, s: &State, free: u64) -> u64 {
+        self.total
+            .saturating_sub(free)
+            .saturating_sub(self.own_now(s))
+    }
+
+    /// Bytes still free for new work, from a reading of `free` bytes, with `committed`
+    /// bytes of working sets promised.
+    fn available(&self, s: &State, free: u64, committed: u64) -> u64 {
+        let own_peak = self.own_now(s).max(self.opts.weights + committed);
         self.total
             .saturating_sub(self.opts.headroom)
             .saturating_sub(self.others(s, free))
@@ -332,7 +340,7 @@ impl CardBudget {
             .map(|(e, _)| e.estimate)
             .max()
             .unwrap_or(0);
-        let available = self.available(s, free);
+        let available = self.available(s, free, Self::working_of(s, &committed));
         let first = rows + idle_working;
         if available < first {
             return Err(Blocked::Memory);
