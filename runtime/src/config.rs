@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// gpulane: a Temporal activity worker that puts GPUs (and CPUs) behind task queues.
 #[derive(Debug, Parser)]
-#[command(name = "gpulane", version, about)]
+#[command(name = "gpulane", version = env!("GPULANE_LONG_VERSION"), about)]
 pub struct Cli {
     #[command(subcommand)]
     /// What to do.

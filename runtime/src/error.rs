@@ -59,13 +59,16 @@ pub enum RuntimeError {
         source: Box<gpulane_models::ModelError>,
     },
     /// The Temporal frontend could not be reached.
-    #[error("connecting to Temporal at {address}: {source}")]
+    #[error(
+        "connecting to Temporal at {address}: {reason} (check --address / TEMPORAL_ADDRESS \
+         and that the server is up)"
+    )]
     Connect {
         /// The address dialled.
         address: String,
-        /// Why.
-        #[source]
-        source: BoxError,
+        /// The innermost cause (refused, no such host, TLS): the layers above it repeat
+        /// one another, so the whole chain goes to the debug log instead.
+        reason: String,
     },
     /// sdk-core refused to create or validate a lane's worker.
     #[error("starting the worker for task queue {queue}: {source}")]

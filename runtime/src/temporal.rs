@@ -61,12 +61,22 @@ pub(crate) async fn connect(
         .maybe_tls_options(tls_options)
         .connect_timeout(Duration::from_secs(10))
         .build();
-    Connection::connect(opts)
-        .await
-        .map_err(|source| RuntimeError::Connect {
+    Connection::connect(opts).await.map_err(|source| {
+        tracing::debug!(error = ?source, "connecting to Temporal failed");
+        RuntimeError::Connect {
             address: settings.address.clone(),
-            source: Box::new(source),
-        })
+            reason: root_cause(&source),
+        }
+    })
+}
+
+/// The last error of a `source()` chain, as text.
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 /// One lane's queue as the server sees it: `DescribeTaskQueue` with stats, for the
@@ -340,5 +350,17 @@ mod tests {
             spread.iter().any(|d| (d - spread[0]).abs() > 1e-3),
             "no jitter: {spread:?}"
         );
+    }
+
+    #[test]
+    fn root_cause_is_the_innermost_error() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("transport error: {0}")]
+        struct Outer(#[source] std::io::Error);
+        let e = Outer(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "Connection refused (os error 111)",
+        ));
+        assert_eq!(root_cause(&e), "Connection refused (os error 111)");
     }
 }
