@@ -1,10 +1,13 @@
-"""Embeds texts through Temporal with gpulane: pins to a GPU card when one polls
-`gpu-tools`, falls back to `cpu-tools` when none does. Copy this into your own code.
+"""Embeds texts through Temporal with gpulane, using the `gpulane` client package
+(`pip install ./clients/python`): the first call goes to a GPU card when one has room on
+`gpu-tools` (else to `cpu-tools`), the second is pinned to whatever served the first, and
+if that card vanishes the whole sequence starts again elsewhere. Copy this into your code.
 
     TEMPORAL_ADDRESS=localhost:7233 python examples/embed_once.py "some text" "more text"
 """
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -13,35 +16,26 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.client import Client
-from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 from temporalio.worker import Worker
+
+with workflow.unsafe.imports_passed_through():
+    import gpulane
+    from gpulane import workflow as gw
 
 
 @workflow.defn
 class EmbedWithPinning:
     @workflow.run
     async def run(self, texts: list) -> dict:
-        try:
-            # No GPU poller within 10 s? Then gpu-tools has no card for us right now.
-            first = await workflow.execute_activity(
-                "embed", {"texts": texts}, task_queue="gpu-tools",
-                schedule_to_start_timeout=timedelta(seconds=10),
-                start_to_close_timeout=timedelta(minutes=2),
-            )
-        except ActivityError as e:
-            if not (isinstance(e.cause, TimeoutError) and e.cause.type == TimeoutType.SCHEDULE_TO_START):
-                raise
-            first = await workflow.execute_activity(
-                "embed", {"texts": texts}, task_queue="cpu-tools",
-                start_to_close_timeout=timedelta(minutes=2),
-            )
-        # Every later call for this job goes to the same card (or host CPU).
-        second = await workflow.execute_activity(
-            "embed", {"texts": texts, "normalize": False}, task_queue=first["host_task_queue"],
-            schedule_to_start_timeout=timedelta(seconds=30),
-            start_to_close_timeout=timedelta(minutes=2),
-        )
-        return {"first": first, "pinned_second_call_device": second["device"]}
+        async def job(session: gw.CardSession) -> dict:
+            first = await session.embed(gpulane.EmbedRequest(texts=texts))
+            # Pinned: the same card (or host CPU) as the first call.
+            second = await session.embed(gpulane.EmbedRequest(texts=texts, normalize=False))
+            return {"first": dataclasses.asdict(first),
+                    "pinned_second_call_device": dataclasses.asdict(second.device)}
+
+        # No card starts the first call within 10 s? It runs on the CPU lane instead.
+        return await gw.run_in_session(job, schedule_to_start=timedelta(seconds=10))
 
 
 async def main(texts):

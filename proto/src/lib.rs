@@ -11,6 +11,7 @@ mod dataset;
 mod embed;
 mod names;
 mod rerank;
+mod schema;
 
 pub use crate::{
     dataset::{DatasetProgress, EmbedDatasetRequest, Manifest, PartRef, RowRange, Shard},
@@ -21,6 +22,7 @@ pub use crate::{
         QUEUE_PREFIX_SEPARATOR,
     },
     rerank::{RerankRequest, RerankResponse, RerankResult},
+    schema::{contract_schema, contract_schema_text},
 };
 
 /// The admin API (`proto/admin.proto`, package `gpulane.admin.v1`): messages, the tonic

@@ -56,6 +56,22 @@ pub mod failure {
     /// Storage was unreachable, throttled or failed a request. Retried; `embed_dataset`
     /// resumes from its last written part.
     pub const STORAGE_UNAVAILABLE: &str = "StorageUnavailable";
+
+    /// Every failure type with whether Temporal retries it (the failure's
+    /// `non_retryable` is the opposite), for the published schema and client packages.
+    pub const ALL: [(&str, bool); 11] = [
+        (INVALID_INPUT, false),
+        (UNKNOWN_MODEL, false),
+        (TEXT_TOO_LONG, false),
+        (RESULT_TOO_LARGE, false),
+        (UNKNOWN_ACTIVITY, false),
+        (GPU_OUT_OF_MEMORY, true),
+        (MODEL_FAILURE, true),
+        (MODEL_NOT_SERVED, true),
+        (WORKER_SHUTDOWN, true),
+        (INTERNAL_ERROR, true),
+        (STORAGE_UNAVAILABLE, true),
+    ];
 }
 
 /// Makes a host name safe and stable inside a queue name: lower case, and anything but

@@ -1,11 +1,12 @@
 //! `rerank` payloads.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{DeviceInfo, Usage};
 
 /// Input of the `rerank` activity.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RerankRequest {
     /// The query every document is scored against. Required.
     pub query: String,
@@ -26,7 +27,7 @@ pub struct RerankRequest {
 }
 
 /// One scored document.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RerankResult {
     /// The document's position in the request.
     pub index: usize,
@@ -38,7 +39,7 @@ pub struct RerankResult {
 }
 
 /// Output of the `rerank` activity.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RerankResponse {
     /// Results sorted by score, highest first.
     pub results: Vec<RerankResult>,

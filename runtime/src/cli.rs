@@ -20,5 +20,9 @@ pub async fn run_cli(cli: Cli) -> Result<(), RuntimeError> {
         Command::Status(args) => admin::status_command(&args).await,
         Command::Drain(args) => admin::drain_command(&args).await,
         Command::Resume(args) => admin::resume_command(&args).await,
+        Command::Schema => {
+            print!("{}", gpulane_proto::contract_schema_text());
+            Ok(())
+        }
     }
 }

@@ -45,6 +45,9 @@ pub enum Command {
     Drain(DeviceTarget),
     /// Put a drained card (or every drained device) of a running worker back in service.
     Resume(DeviceTarget),
+    /// Print the JSON Schema of every activity's input and result, the failure types and
+    /// the queue naming rules (the contract the client packages follow).
+    Schema,
 }
 
 /// Where a running worker's admin API listens; shared by `status`, `drain`, `resume`.
