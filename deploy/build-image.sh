@@ -11,6 +11,7 @@
 #   no container registry. On that base the gpu image also gets the CUDA 13.0 runtime
 #   libraries, copied from the PyPI wheels scripts/cuda-build.sh installs.
 # - IMAGE: the name to tag (default localhost/gpulane:VERSION-KIND).
+# - GPULANE_BINARY: use this binary instead of building one (it must match the kind).
 # - CARGO_PROFILE_RELEASE_DEBUG etc. pass through to cargo as usual; the image gets a copy
 #   of the binary without debug info either way.
 #
@@ -27,8 +28,12 @@ log() { printf 'build-image: %s\n' "$*" >&2; }
 command -v podman >/dev/null || { log "podman is not installed (Debian: apt-get install podman runc)"; exit 1; }
 
 # 1. The binary. Its --version names the commit, which labels the image.
-if [[ $kind == cpu ]]; then
-  cargo build --release --quiet >&2
+if [[ -n ${GPULANE_BINARY:-} ]]; then
+  # A binary built already (the tests pass the one they test); no cargo run.
+  binary=$GPULANE_BINARY
+elif [[ $kind == cpu ]]; then
+  # The same command as scripts/setup.sh.
+  cargo build --release --quiet -p gpulane >&2
   binary=target/release/gpulane
 else
   scripts/cuda-build.sh >&2

@@ -28,7 +28,10 @@ PODMAN_RUN = ["podman", "--runtime", "runc", "run", "--ulimit", "nofile=20000:20
 @pytest.fixture(scope="module")
 def cpu_image():
     out = subprocess.run(
-        [str(ROOT / "deploy" / "build-image.sh"), "cpu"], env={**os.environ, "BASE": "local"},
+        [str(ROOT / "deploy" / "build-image.sh"), "cpu"],
+        # The binary these tests test, not a new build (cargo's feature unification differs
+        # between `cargo test --workspace` and `-p gpulane`, and would rebuild it).
+        env={**os.environ, "BASE": "local", "GPULANE_BINARY": str(ROOT / "target" / "release" / "gpulane")},
         capture_output=True, text=True, timeout=900,
     )
     assert out.returncode == 0, out.stderr
