@@ -19,7 +19,7 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
+import time
 import urllib.request
 import uuid
 
@@ -27,9 +27,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benches"))
 
 from temporalio.api.enums.v1 import EventType  # noqa: E402
-from temporalio.client import Client  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
+from devserver import dev_server, model_dir  # noqa: E402
 from idle_trim import free_port  # noqa: E402
 from load import BenchFanout  # noqa: E402
 
@@ -100,68 +100,51 @@ def wait_for(path, line, proc):
     while line not in open(path).read():
         if proc.poll() is not None:
             raise RuntimeError(open(path).read())
-        import time
         time.sleep(0.1)
 
 
 async def main(args):
-    tmp = tempfile.mkdtemp()
-    port = free_port()
-    server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/temporal"), "server", "start-dev", "--ip", "127.0.0.1",
-         "--port", str(port), "--headless", "--db-filename", f"{tmp}/t.db",
-         "--http-port", str(free_port()), "--metrics-port", str(free_port())],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    model = subprocess.run([str(ROOT / "scripts/model-dir.sh")], capture_output=True,
-                           text=True, check=True).stdout.strip()
+    model = model_dir()
     corpus = ROOT / "benches/out/corpus-short.txt"
     lines = (corpus.read_text().splitlines() if corpus.exists() else
              [f"sentence {i} about the quick brown fox and the lazy dog" for i in range(64)])
     texts = lines[:args.activities]
-    address = f"127.0.0.1:{port}"
     procs = []
-    try:
-        for _ in range(150):
-            try:
-                client = await Client.connect(address)
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
-        wf_queue = f"wf-{uuid.uuid4().hex[:8]}"
-        async with Worker(client, task_queue=wf_queue, workflows=[BenchFanout]):
-            metrics = free_port()
-            env = {**os.environ, "TEMPORAL_ADDRESS": address, "GPULANE_HOST": "prof",
-                   "GPULANE_METRICS_ADDRESS": f"127.0.0.1:{metrics}",
-                   "GPULANE_ADMIN_ADDRESS": "off", "GPULANE_CPU_THREADS": str(args.threads)}
-            g = subprocess.Popen([str(ROOT / "target/release/gpulane"), "run", "--model", model,
-                                  "--gpus", "none", "--max-concurrent-cpu", "64", *args.gpulane.split()],
-                                 stdout=open(f"{tmp}/g.log", "w"), stderr=subprocess.STDOUT,
-                                 env=env)
-            procs.append(g)
-            wait_for(f"{tmp}/g.log", "gpulane ready", g)
-            gm = await rounds(client, wf_queue, "cpu-tools", texts, args.rounds, metrics)
-            g.terminate()
-            g.wait(60)
-            nq = f"null-{uuid.uuid4().hex[:6]}"
-            n = subprocess.Popen([sys.executable, str(ROOT / "benches/null_worker.py"),
-                                  "--task-queue", nq, "--address", address],
-                                 stdout=open(f"{tmp}/n.log", "w"), stderr=subprocess.STDOUT)
-            procs.append(n)
-            wait_for(f"{tmp}/n.log", "null_worker ready", n)
-            nm = await rounds(client, wf_queue, nq, texts, args.rounds)
-        print(f"\nmedians of {args.rounds} rounds, {args.activities} one-sentence activities, "
-              f"seconds from the workflow's start:")
-        for k in ("scheduled_last", "started_first", "started_last", "completed_first",
-                  "completed_last", "close", "wait_median", "run_median", "run_max"):
-            print(f"  {k:16} gpulane {gm[k]:7.3f}   no-op {nm[k]:7.3f}")
-        for k in SERIES:
-            print(f"  {k:16} gpulane {gm[k]:7.3f}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        server.terminate()
-        server.wait(30)
+    async with dev_server() as (client, address, tmp):
+        try:
+            wf_queue = f"wf-{uuid.uuid4().hex[:8]}"
+            async with Worker(client, task_queue=wf_queue, workflows=[BenchFanout]):
+                metrics = free_port()
+                env = {**os.environ, "TEMPORAL_ADDRESS": address, "GPULANE_HOST": "prof",
+                       "GPULANE_METRICS_ADDRESS": f"127.0.0.1:{metrics}",
+                       "GPULANE_ADMIN_ADDRESS": "off", "GPULANE_CPU_THREADS": str(args.threads)}
+                g = subprocess.Popen(
+                    [str(ROOT / "target/release/gpulane"), "run", "--model", model, "--gpus",
+                     "none", "--max-concurrent-cpu", "64", *args.gpulane.split()],
+                    stdout=open(f"{tmp}/g.log", "w"), stderr=subprocess.STDOUT, env=env)
+                procs.append(g)
+                wait_for(f"{tmp}/g.log", "gpulane ready", g)
+                gm = await rounds(client, wf_queue, "cpu-tools", texts, args.rounds, metrics)
+                g.terminate()
+                g.wait(60)
+                nq = f"null-{uuid.uuid4().hex[:6]}"
+                n = subprocess.Popen([sys.executable, str(ROOT / "benches/null_worker.py"),
+                                      "--task-queue", nq, "--address", address],
+                                     stdout=open(f"{tmp}/n.log", "w"), stderr=subprocess.STDOUT)
+                procs.append(n)
+                wait_for(f"{tmp}/n.log", "null_worker ready", n)
+                nm = await rounds(client, wf_queue, nq, texts, args.rounds)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+    print(f"\nmedians of {args.rounds} rounds, {args.activities} one-sentence activities, "
+          f"seconds from the workflow's start:")
+    for k in ("scheduled_last", "started_first", "started_last", "completed_first",
+              "completed_last", "close", "wait_median", "run_median", "run_max"):
+        print(f"  {k:16} gpulane {gm[k]:7.3f}   no-op {nm[k]:7.3f}")
+    for k in SERIES:
+        print(f"  {k:16} gpulane {gm[k]:7.3f}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -33,11 +32,11 @@ sys.path.insert(0, str(ROOT / "benches"))
 from temporalio.api.enums.v1 import TaskQueueType  # noqa: E402
 from temporalio.api.taskqueue.v1 import TaskQueue  # noqa: E402
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest  # noqa: E402
-from temporalio.client import Client  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
 import workflows  # noqa: E402
-from idle_trim import free_port, rss_mib  # noqa: E402
+from devserver import dev_server, model_dir  # noqa: E402
+from idle_trim import rss_mib  # noqa: E402
 
 
 async def has_poller(client, queue):
@@ -47,9 +46,7 @@ async def has_poller(client, queue):
     return len(resp.pollers) > 0
 
 
-async def measure(client, wf_queue, name, argv, queue, env, log_path, ready_line,
-                  load_queue=None):
-    load_queue = load_queue or queue
+async def measure(client, wf_queue, name, argv, queue, env, log_path, ready_line):
     log = open(log_path, "w")
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -79,7 +76,7 @@ async def measure(client, wf_queue, name, argv, queue, env, log_path, ready_line
 
         sampler = asyncio.create_task(sample())
         await asyncio.gather(*(client.execute_workflow(
-            "EmbedOn", args=[load_queue, {"texts": texts}], id=f"su-{uuid.uuid4()}",
+            "EmbedOn", args=[queue, {"texts": texts}], id=f"su-{uuid.uuid4()}",
             task_queue=wf_queue) for _ in range(16)))
         sampler.cancel()
         await asyncio.sleep(10)
@@ -95,24 +92,9 @@ async def measure(client, wf_queue, name, argv, queue, env, log_path, ready_line
 
 
 async def main(args):
-    port = free_port()
-    tmp = tempfile.mkdtemp()
-    server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/temporal"), "server", "start-dev", "--ip", "127.0.0.1",
-         "--port", str(port), "--headless", "--db-filename", f"{tmp}/t.db",
-         "--http-port", str(free_port()), "--metrics-port", str(free_port())],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    model = subprocess.run([str(ROOT / "scripts/model-dir.sh")], capture_output=True,
-                           text=True, check=True).stdout.strip()
+    model = model_dir()
     weights_mib = os.path.getsize(f"{model}/model.safetensors") / 2**20
-    address = f"127.0.0.1:{port}"
-    try:
-        for _ in range(150):
-            try:
-                client = await Client.connect(address)
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
+    async with dev_server() as (client, address, tmp):
         env = {**os.environ, "TEMPORAL_ADDRESS": address, "GPULANE_METRICS_ADDRESS": "off",
                "GPULANE_ADMIN_ADDRESS": "off", "GPULANE_CPU_THREADS": str(args.threads)}
         wf_queue = f"wf-{uuid.uuid4().hex[:8]}"
@@ -139,15 +121,12 @@ async def main(args):
                     q, env, f"{tmp}/p{r}.log", "py_worker ready")
                 results["py_worker"].append(p)
                 print(f"py_worker round {r}: {p}", flush=True)
-        print(f"\nmodel weights (model.safetensors): {weights_mib:.1f} MiB; medians of "
-              f"{args.rounds} rounds, {args.threads} threads:")
-        for key in ("first_poll_s", "ready_s", "idle_mib", "load_peak_mib", "after_load_mib"):
-            g = statistics.median(x[key] for x in results["gpulane"])
-            p = statistics.median(x[key] for x in results["py_worker"])
-            print(f"  {key:15} gpulane {g:8.2f}   py_worker {p:8.2f}   ratio {p / g:5.2f}x")
-    finally:
-        server.terminate()
-        server.wait(30)
+    print(f"\nmodel weights (model.safetensors): {weights_mib:.1f} MiB; medians of "
+          f"{args.rounds} rounds, {args.threads} threads:")
+    for key in ("first_poll_s", "ready_s", "idle_mib", "load_peak_mib", "after_load_mib"):
+        g = statistics.median(x[key] for x in results["gpulane"])
+        p = statistics.median(x[key] for x in results["py_worker"])
+        print(f"  {key:15} gpulane {g:8.2f}   py_worker {p:8.2f}   ratio {p / g:5.2f}x")
 
 
 if __name__ == "__main__":
