@@ -18,7 +18,6 @@ fn main() {
     } else {
         "cpu"
     };
-    println!("cargo:rustc-env=GPULANE_GIT_COMMIT={commit}");
     println!(
         "cargo:rustc-env=GPULANE_LONG_VERSION={} (commit {commit}, {features})",
         std::env::var("CARGO_PKG_VERSION").unwrap_or_default()

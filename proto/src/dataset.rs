@@ -114,7 +114,7 @@ pub struct Manifest {
 }
 
 /// What `embed_dataset` heartbeats: enough for a retried attempt to resume.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DatasetProgress {
     /// Texts done in the part being embedded.
     #[serde(default)]

@@ -47,11 +47,19 @@ pub fn contract_schema() -> Value {
         "  ",
         "gpulane-gpu-7d9f8-x7k2p",
         " Büro_GPU:1 ",
+        // Rust's trim() strips Unicode white space (U+0085, U+2003) but not the ASCII
+        // separators U+001C..U+001F nor U+FEFF, which Python's strip() would take.
+        "\u{85}\u{2003}box\u{1c}\u{feff}",
     ];
-    let uuid = "GPU-8F3A2C1E-0000-1111-2222-333344445555";
+    // A Kelvin sign: ASCII lower-casing leaves it, Unicode lower-casing would make it k.
+    let uuids = [
+        "GPU-8F3A2C1E-0000-1111-2222-333344445555",
+        " GPU-AB\u{212a} ",
+    ];
     let host_examples: Vec<Value> = hosts
         .iter()
-        .map(|h| {
+        .zip(uuids.iter().cycle())
+        .map(|(h, uuid)| {
             json!({
                 "host": h,
                 "sanitized": sanitize_host(h),

@@ -14,6 +14,18 @@ MODEL_QUEUE_SEPARATOR = "@"
 MODEL_NAME_MAX = 64
 
 _NOT_HOST_CHAR = re.compile(r"[^a-z0-9-]")
+# What Rust's str::trim() strips: Unicode White_Space. Python's str.strip() also strips
+# U+001C..U+001F, which Rust keeps (and then turns into '-').
+_RUST_WHITESPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+def _ascii_lower(text: str) -> str:
+    """Rust's to_ascii_lowercase: only A-Z change (Python's lower() would also fold,
+    say, the Kelvin sign into 'k')."""
+    return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in text)
 _MODEL_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -58,15 +70,13 @@ def sanitize_host(host: str) -> str:
     """A host name as it appears in queue names: ASCII lower case, every other character
     but [a-z0-9-] becomes '-' (one per character), so dots in FQDNs do not look like
     separators; 'unknown-host' when the name is blank."""
-    trimmed = host.strip()
-    ascii_lower = "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in trimmed)
-    return _NOT_HOST_CHAR.sub("-", ascii_lower) or "unknown-host"
+    return _NOT_HOST_CHAR.sub("-", _ascii_lower(host.strip(_RUST_WHITESPACE))) or "unknown-host"
 
 
 def gpu_card_queue(host: str, gpu_uuid: str) -> str:
     """One card's private queue: `gpu-tools.<host>.<gpu-uuid>` (UUID in lower case)."""
     return (f"{GPU_TOOLS}{QUEUE_PREFIX_SEPARATOR}{sanitize_host(host)}"
-            f"{QUEUE_PREFIX_SEPARATOR}{gpu_uuid.strip().lower()}")
+            f"{QUEUE_PREFIX_SEPARATOR}{_ascii_lower(gpu_uuid.strip(_RUST_WHITESPACE))}")
 
 
 def cpu_host_queue(host: str) -> str:
