@@ -4,7 +4,8 @@
  * `cpu-tools` when no card takes it within 30 s), every later batch to the card that served
  * it, and if that card is lost midway the whole document starts again on another card.
  *
- *     npm install gpulane @temporalio/workflow @temporalio/worker @temporalio/client
+ *     npm install ./clients/typescript/gpulane-0.1.0.tgz @temporalio/workflow @temporalio/worker @temporalio/client
+ *     (the tarball from `npm pack` in clients/typescript; the package is not on the registry)
  *
  * Register it like any workflow: `Worker.create({ workflowsPath:
  * require.resolve('./embed_session'), taskQueue: 'my-app', ... })`, then

@@ -42,7 +42,9 @@ class SessionSequence:
 
         queues = await gw.run_in_session(
             body, pinned_schedule_to_start=timedelta(seconds=pinned_s),
-            schedule_to_start=timedelta(seconds=30))
+            schedule_to_start=timedelta(seconds=30),
+            # A kill that lands mid-call is noticed in 5 s, not the default 60 s.
+            heartbeat_timeout=timedelta(seconds=5))
         return {"attempts": self.attempt, "queues": queues}
 
 

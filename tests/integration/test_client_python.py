@@ -91,7 +91,7 @@ def test_dataclasses_match_the_schema():
         assert fields == set(defs[cls.__name__]["properties"]), cls.__name__
         required = {f.name for f in dataclasses.fields(cls)
                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-        assert required <= set(defs[cls.__name__].get("required", [])), cls.__name__
+        assert required == set(defs[cls.__name__].get("required", [])), cls.__name__
 
 
 def two_cards_and_a_cpu(gpulane_fixture):

@@ -201,13 +201,11 @@ export function isGpulaneFailure(err: unknown, type?: Failure | string): boolean
  * details; `cause` the `ActivityFailure`). Anything else is returned unchanged.
  */
 export function asGpulaneError(err: unknown): unknown {
-  if (err instanceof GpulaneError) return err;
-  if (err instanceof ActivityFailure && err.cause instanceof ApplicationFailure && isFailureType(err.cause.type)) {
-    const cause = err.cause;
-    const cls = FAILURE_CLASSES[cause.type as Failure];
-    return new cls(cause.message, Boolean(cause.nonRetryable), err, cause.details);
-  }
-  return err;
+  if (err instanceof GpulaneError || !(err instanceof ActivityFailure)) return err;
+  const cause = gpulaneFailureIn(err);
+  if (cause === undefined) return err;
+  const cls = FAILURE_CLASSES[cause.type as Failure];
+  return new cls(cause.message, Boolean(cause.nonRetryable), err, cause.details);
 }
 
 /**
@@ -373,10 +371,11 @@ export async function embedDatasetJob(job: EmbedDatasetJobInput): Promise<Manife
   if (job.request.shard !== undefined || job.request.rows !== undefined) {
     throw new InvalidInput('embedDatasetJob: the job picks the shards; leave shard and rows out of the request');
   }
+  // Only what the job sets: embedDataset's own defaults apply to the rest.
   const options: DatasetOptions = {
-    taskQueue: job.task_queue ?? GPU_TOOLS,
-    heartbeatTimeout: (job.heartbeat_timeout_s ?? 120) * 1000,
-    startToClose: (job.start_to_close_s ?? 6 * 3600) * 1000,
+    taskQueue: job.task_queue,
+    heartbeatTimeout: job.heartbeat_timeout_s === undefined ? undefined : job.heartbeat_timeout_s * 1000,
+    startToClose: job.start_to_close_s === undefined ? undefined : job.start_to_close_s * 1000,
   };
   return await Promise.all(
     Array.from({ length: shards }, (_, index) => embedDataset({ ...job.request, shard: { index, count: shards } }, options))

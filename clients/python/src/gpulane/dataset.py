@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Union
 
 from temporalio import workflow
 
+from .errors import InvalidInput
 from .names import GPU_TOOLS
 from .types import EmbedDatasetRequest, Manifest
 
@@ -19,21 +20,29 @@ from . import workflow as _wf
 
 @workflow.defn(name="gpulane.EmbedDatasetJob")
 class EmbedDatasetJob:
-    """Input: {"request": <EmbedDatasetRequest without shard/rows>, "shards": N,
-    "task_queue": "gpu-tools", "heartbeat_timeout_s": 120, "start_to_close_s": 21600}.
-    Result: the N manifests (dicts), in shard order."""
+    """Input: {"request": <EmbedDatasetRequest without shard/rows>, "shards": N, and
+    optionally "task_queue", "heartbeat_timeout_s", "start_to_close_s" (default: those of
+    `gpulane.workflow.embed_dataset`)}. Result: the N manifests (dicts), in shard order."""
 
     @workflow.run
     async def run(self, job: Dict[str, Any]) -> List[Dict[str, Any]]:
-        shards = int(job["shards"])
         request = dict(job["request"])
+        shards = job.get("shards")
+        if not isinstance(shards, int) or shards < 1:
+            raise InvalidInput(f"shards is {shards!r}; give a whole number of at least 1")
+        if "shard" in request or "rows" in request:
+            raise InvalidInput("the job picks the shards; leave shard and rows out of the request")
+        options: Dict[str, Any] = {}
+        if "task_queue" in job:
+            options["task_queue"] = job["task_queue"]
+        if "heartbeat_timeout_s" in job:
+            options["heartbeat_timeout"] = timedelta(seconds=job["heartbeat_timeout_s"])
+        if "start_to_close_s" in job:
+            options["start_to_close"] = timedelta(seconds=job["start_to_close_s"])
 
         async def one(index: int) -> Dict[str, Any]:
             manifest = await _wf.embed_dataset(
-                {**request, "shard": {"index": index, "count": shards}},
-                task_queue=job.get("task_queue", GPU_TOOLS),
-                heartbeat_timeout=timedelta(seconds=job.get("heartbeat_timeout_s", 120)),
-                start_to_close=timedelta(seconds=job.get("start_to_close_s", 6 * 3600)))
+                {**request, "shard": {"index": index, "count": shards}}, **options)
             return dataclasses.asdict(manifest)
 
         return list(await asyncio.gather(*(one(i) for i in range(shards))))
@@ -47,7 +56,7 @@ async def start_embed_dataset(client, request: Union[EmbedDatasetRequest, Dict[s
     `Client.start_workflow`."""
     if shards < 1:
         raise ValueError("shards must be at least 1")
-    payload = request if isinstance(request, dict) else request.to_payload()
+    payload = _wf.payload_of(request)
     if "shard" in payload or "rows" in payload:
         raise ValueError("the job picks the shards; leave shard and rows out of the request")
     return await client.start_workflow(

@@ -5,7 +5,7 @@ left at None is omitted from the payload, so the worker applies its default.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
 
@@ -195,8 +195,8 @@ class Manifest:
     dtype: str
     family: str
     tokens: int
-    parts: List[PartRef] = field(default_factory=list)
-    skipped_parts: int = 0
+    parts: List[PartRef]
+    skipped_parts: int
 
     @classmethod
     def from_payload(cls, d: Dict[str, Any]) -> "Manifest":

@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any, Awaitable, Callable, Dict, Optional, TypeVar, Union
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
+from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 from .errors import CardLost, typed_error
 from .names import CPU_TOOLS, GPU_TOOLS, Activity
@@ -36,7 +38,7 @@ DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=60)
 
 
 def _is_schedule_to_start_timeout(error: ActivityError) -> bool:
-    return (isinstance(error.cause, TimeoutError)
+    return (isinstance(error.cause, TemporalTimeoutError)
             and error.cause.type == TimeoutType.SCHEDULE_TO_START)
 
 
@@ -78,7 +80,8 @@ async def _shared_call(activity: str, payload: Dict[str, Any], *, task_queue: st
         _raise_typed(e)
 
 
-def _payload(request: Any) -> Dict[str, Any]:
+def payload_of(request: Any) -> Dict[str, Any]:
+    """A request dataclass (or an already-built dict) as the JSON object the worker reads."""
     return request if isinstance(request, dict) else request.to_payload()
 
 
@@ -88,10 +91,13 @@ async def embed(request: Union[EmbedRequest, Dict[str, Any]], *, task_queue: str
                 start_to_close: timedelta = DEFAULT_START_TO_CLOSE,
                 heartbeat_timeout: Optional[timedelta] = DEFAULT_HEARTBEAT_TIMEOUT,
                 retry_policy: Optional[RetryPolicy] = None) -> EmbedResponse:
-    """One `embed` on `task_queue`; on `fallback` when no worker starts it in time
-    (`fallback=None` waits on `task_queue` with no schedule-to-start limit)."""
+    """One `embed` on `task_queue`; on `fallback` when no worker starts it within
+    `schedule_to_start`. With `fallback=None` the call waits on `task_queue` with no
+    schedule-to-start limit (`schedule_to_start` is then not used). The fallback is the
+    shared `cpu-tools`: for a model queue (`gpu-tools@<model>`) pass
+    `fallback=model_queue(CPU_TOOLS, model)`."""
     result = await _shared_call(
-        Activity.EMBED, _payload(request), task_queue=task_queue, fallback=fallback,
+        Activity.EMBED, payload_of(request), task_queue=task_queue, fallback=fallback,
         schedule_to_start=schedule_to_start, start_to_close=start_to_close,
         heartbeat_timeout=heartbeat_timeout, retry_policy=retry_policy)
     return EmbedResponse.from_payload(result)
@@ -105,7 +111,7 @@ async def rerank(request: Union[RerankRequest, Dict[str, Any]], *, task_queue: s
                  retry_policy: Optional[RetryPolicy] = None) -> RerankResponse:
     """One `rerank`, like `embed`."""
     result = await _shared_call(
-        Activity.RERANK, _payload(request), task_queue=task_queue, fallback=fallback,
+        Activity.RERANK, payload_of(request), task_queue=task_queue, fallback=fallback,
         schedule_to_start=schedule_to_start, start_to_close=start_to_close,
         heartbeat_timeout=heartbeat_timeout, retry_policy=retry_policy)
     return RerankResponse.from_payload(result)
@@ -119,7 +125,7 @@ async def embed_dataset(request: Union[EmbedDatasetRequest, Dict[str, Any]], *,
     """One `embed_dataset` (a whole dataset or one shard); a retried attempt resumes from
     its last written part. No CPU fallback: a bulk job waits for a card."""
     try:
-        result = await _execute(Activity.EMBED_DATASET, _payload(request), task_queue,
+        result = await _execute(Activity.EMBED_DATASET, payload_of(request), task_queue,
                                 schedule_to_start=None, start_to_close=start_to_close,
                                 heartbeat_timeout=heartbeat_timeout, retry_policy=retry_policy)
     except ActivityError as e:
@@ -148,16 +154,22 @@ class CardSession:
         self.retry_policy = retry_policy
         self.pinned_queue: Optional[str] = None
         """The private queue follow-ups go to; None until the first call returns."""
+        # Calls made at once before the first returns must not each pick a card: the
+        # first goes to the shared lane, the others wait for it and follow it.
+        self._first = asyncio.Lock()
 
     async def _call(self, activity: str, payload: Dict[str, Any]) -> Dict[str, Any]:
         common = dict(start_to_close=self.start_to_close,
                       heartbeat_timeout=self.heartbeat_timeout, retry_policy=self.retry_policy)
         if self.pinned_queue is None:
-            result = await _shared_call(activity, payload, task_queue=self.task_queue,
-                                        fallback=self.fallback,
-                                        schedule_to_start=self.schedule_to_start, **common)
-            self.pinned_queue = result["host_task_queue"]
-            return result
+            async with self._first:
+                if self.pinned_queue is None:
+                    result = await _shared_call(activity, payload, task_queue=self.task_queue,
+                                                fallback=self.fallback,
+                                                schedule_to_start=self.schedule_to_start,
+                                                **common)
+                    self.pinned_queue = result["host_task_queue"]
+                    return result
         try:
             return await _execute(activity, payload, self.pinned_queue,
                                   schedule_to_start=self.pinned_schedule_to_start, **common)
@@ -171,20 +183,24 @@ class CardSession:
             _raise_typed(e)
 
     async def embed(self, request: Union[EmbedRequest, Dict[str, Any]]) -> EmbedResponse:
-        return EmbedResponse.from_payload(await self._call(Activity.EMBED, _payload(request)))
+        return EmbedResponse.from_payload(await self._call(Activity.EMBED, payload_of(request)))
 
     async def rerank(self, request: Union[RerankRequest, Dict[str, Any]]) -> RerankResponse:
-        return RerankResponse.from_payload(await self._call(Activity.RERANK, _payload(request)))
+        return RerankResponse.from_payload(await self._call(Activity.RERANK, payload_of(request)))
 
 
 async def run_in_session(body: Callable[[CardSession], Awaitable[T]], *, attempts: int = 3,
                          **session_options: Any) -> T:
     """Runs `body(session)`; when a pinned call raises `CardLost`, runs the whole body
     again in a fresh session (so on whatever card is up), at most `attempts` times in all.
-    `session_options` go to `CardSession`. The last `CardLost` propagates."""
+    `session_options` go to `CardSession`. The last `CardLost` propagates.
+
+    `attempts < 1` raises ValueError, which (not being a Temporal failure) fails the
+    workflow *task*, retried until the code is fixed."""
     if attempts < 1:
         raise ValueError("attempts must be at least 1")
-    for attempt in range(1, attempts + 1):
+    attempt = 1
+    while True:
         session = CardSession(**session_options)
         try:
             return await body(session)
@@ -193,4 +209,4 @@ async def run_in_session(body: Callable[[CardSession], Awaitable[T]], *, attempt
                 raise
             workflow.logger.warning("card lost (attempt %d of %d); starting the sequence again",
                                     attempt, attempts)
-    raise AssertionError("unreachable")
+            attempt += 1
