@@ -7,7 +7,8 @@
 # runc, mmdebstrap (the images' Debian base), kubectl (kustomize), systemd-analyze,
 # kubernetes-validate and PyYAML. The `gpulane` client package (clients/python) into the
 # venv. Then builds gpulane.
-# Safe to re-run: each step is skipped when already done.
+# Safe to re-run: each step is skipped when already done, but for the client package's
+# reinstall (a few seconds) and cargo's own no-op check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -281,7 +281,7 @@ def test_bad_start_up_input_exits_non_zero_with_one_clear_line(cpu_image, podman
     c = podman(*args, cpu_image)
     # A non-zero exit is what Kubernetes shows as CrashLoopBackOff; nothing ever
     # answered a probe, so the pod was never Ready.
-    assert c.wait_exit(60) != 0, c.logs()
+    assert c.wait_exit(60) == 1, c.logs()
     # The worker's last word, and its only error (INFO lines before it may quote a library's
     # error text, such as NVML's absence).
     lines = c.logs().splitlines()

@@ -29,6 +29,8 @@ TEMPORAL_TRIGGER_KEYS = {
     "queueTypes", "buildId", "workerDeploymentName", "workerDeploymentBuildId",
     "selectAllActive", "selectUnversioned", "includeRunningWorkflowCount",
     "workflowTaskQueueForCount", "minConnectTimeout", "unsafeSsl", "tlsServerName",
+    # KEDA 2.21+ (TLS on by default there); the README tells plaintext servers to set it.
+    "enableTLS",
 }
 SHARED_QUEUES = {"gpu-tools", "cpu-tools"}
 
@@ -127,8 +129,11 @@ def test_each_lane_scales_on_its_own_shared_queue(overlay):
     assert env["GPULANE_HOST"] == "$(POD_NAME)"
     pod_name = [e for e in c["env"] if e["name"] == "POD_NAME"][0]
     assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    # Longer than the drain: poll settling (10 s at most) plus the activities' grace.
-    assert gpu["terminationGracePeriodSeconds"] > int(env["GPULANE_GRACEFUL_SHUTDOWN_SECS"]) + 10
+    # Longer than the worker's whole stop deadline: the private queues' drain window
+    # (GPULANE_DRAIN_PRIVATE_SECS, 5 s unless set), the activities' grace, and 15 s.
+    drain_window = int(env.get("GPULANE_DRAIN_PRIVATE_SECS", "5"))
+    deadline = drain_window + int(env["GPULANE_GRACEFUL_SHUTDOWN_SECS"]) + 15
+    assert gpu["terminationGracePeriodSeconds"] > deadline
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert "nvidia.com/gpu" not in str(targets["cpu-tools"]["spec"]["template"])
