@@ -29,8 +29,7 @@ sys.path.insert(0, str(ROOT / "benches"))
 from temporalio.api.enums.v1 import EventType  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
-from devserver import dev_server, model_dir  # noqa: E402
-from idle_trim import free_port  # noqa: E402
+from devserver import dev_server, free_port, model_dir  # noqa: E402
 from load import BenchFanout  # noqa: E402
 
 SERIES = {

@@ -1,17 +1,31 @@
-"""A Temporal dev server for one benchmark run: free ports, a throwaway database, a
-connected client; stopped on exit. Shared by the benchmark scripts that drive their own."""
+"""What the benchmark scripts that drive their own Temporal share: a dev server for one run
+(free ports, a throwaway database, a connected client; stopped on exit), the model
+directory, free ports and a process's RSS."""
 
 import asyncio
 import contextlib
 import pathlib
+import socket
 import subprocess
 import tempfile
 
 from temporalio.client import Client
 
-from idle_trim import free_port
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory now (VmRSS), in MiB."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 @contextlib.asynccontextmanager

@@ -13,87 +13,57 @@ import argparse
 import asyncio
 import os
 import pathlib
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "benches"))
 
-from temporalio.client import Client  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
 import workflows  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_mib(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+from devserver import dev_server, model_dir, rss_mib  # noqa: E402
 
 
 async def main(args):
-    port = free_port()
-    tmp = tempfile.mkdtemp()
-    server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/temporal"), "server", "start-dev", "--ip", "127.0.0.1",
-         "--port", str(port), "--headless", "--db-filename", f"{tmp}/t.db"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    model = subprocess.run([str(ROOT / "scripts/model-dir.sh")], capture_output=True,
-                           text=True, check=True).stdout.strip()
-    log = open(f"{tmp}/gpulane.log", "w")
-    worker = None
-    try:
-        for _ in range(100):
-            try:
-                client = await Client.connect(f"127.0.0.1:{port}")
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
-        env = {**os.environ, "TEMPORAL_ADDRESS": f"127.0.0.1:{port}", "GPULANE_HOST": "trim",
+    model = model_dir()
+    async with dev_server() as (client, address, tmp):
+        log = open(f"{tmp}/gpulane.log", "w")
+        env = {**os.environ, "TEMPORAL_ADDRESS": address, "GPULANE_HOST": "trim",
                "GPULANE_METRICS_ADDRESS": "off", "GPULANE_ADMIN_ADDRESS": "off"}
         worker = subprocess.Popen([str(ROOT / "target/release/gpulane"), "run", "--model", model],
                                   stdout=log, stderr=subprocess.STDOUT, env=env)
-        while "gpulane ready" not in open(f"{tmp}/gpulane.log").read():
-            await asyncio.sleep(0.1)
-        text = " ".join(["the quick brown fox jumps over the lazy dog"] * 12)
-        queue = f"wf-{uuid.uuid4().hex[:8]}"
-        async with Worker(client, task_queue=queue, workflows=[workflows.EmbedOn]):
-            async def call():
-                t = time.monotonic()
-                await client.execute_workflow(
-                    "EmbedOn", args=["cpu-tools", {"texts": [text] * args.texts}],
-                    id=f"trim-{uuid.uuid4()}", task_queue=queue)
-                return time.monotonic() - t
+        try:
+            while "gpulane ready" not in open(f"{tmp}/gpulane.log").read():
+                await asyncio.sleep(0.1)
+            text = " ".join(["the quick brown fox jumps over the lazy dog"] * 12)
+            queue = f"wf-{uuid.uuid4().hex[:8]}"
+            async with Worker(client, task_queue=queue, workflows=[workflows.EmbedOn]):
+                async def call():
+                    t = time.monotonic()
+                    await client.execute_workflow(
+                        "EmbedOn", args=["cpu-tools", {"texts": [text] * args.texts}],
+                        id=f"trim-{uuid.uuid4()}", task_queue=queue)
+                    return time.monotonic() - t
 
-            print(f"idle RSS after start: {rss_mib(worker.pid):.0f} MiB")
-            await call()  # the first call ever pays for warm-up, whatever the pause
-            await asyncio.sleep(args.pause)
-            for r in range(args.rounds):
-                trimmed = await call()
-                warm = await call()
-                peak = rss_mib(worker.pid)
+                print(f"idle RSS after start: {rss_mib(worker.pid):.0f} MiB")
+                await call()  # the first call ever pays for warm-up, whatever the pause
                 await asyncio.sleep(args.pause)
-                idle = rss_mib(worker.pid)
-                print(f"round {r}: {args.texts} texts after a {args.pause} s pause {trimmed:.2f} s, "
-                      f"right after {warm:.2f} s; RSS after the calls {peak:.0f} MiB, "
-                      f"{args.pause} s idle later {idle:.0f} MiB")
-    finally:
-        if worker:
+                for r in range(args.rounds):
+                    trimmed = await call()
+                    warm = await call()
+                    peak = rss_mib(worker.pid)
+                    await asyncio.sleep(args.pause)
+                    idle = rss_mib(worker.pid)
+                    print(f"round {r}: {args.texts} texts after a {args.pause} s pause "
+                          f"{trimmed:.2f} s, right after {warm:.2f} s; RSS after the calls "
+                          f"{peak:.0f} MiB, {args.pause} s idle later {idle:.0f} MiB")
+        finally:
             worker.terminate()
             worker.wait(60)
-        server.terminate()
-        server.wait(30)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,7 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest  # noqa: 
 from temporalio.worker import Worker  # noqa: E402
 
 import workflows  # noqa: E402
-from devserver import dev_server, model_dir  # noqa: E402
-from idle_trim import rss_mib  # noqa: E402
+from devserver import dev_server, model_dir, rss_mib  # noqa: E402
 
 
 async def has_poller(client, queue):
