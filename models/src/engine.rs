@@ -15,6 +15,7 @@ use tokio::sync::{oneshot, watch};
 use crate::{
     batcher::{self, BatchCounters, BatchObserver, Forward, Progress, Request, Row},
     st_dir::{read_json, MAX_BATCH_ROWS},
+    tokenizing::Tokenizing,
     CrossEncoder, CrossEncoderInfo, EmbedOptions, Embedder, Embeddings, ModelError, ModelIdentity,
     ModelInfo, Scores,
 };
@@ -48,6 +49,9 @@ pub struct EngineOptions {
     /// Told the working memory of every forward pass before and after it runs (a
     /// simulated card accounts it, and may refuse it as out of memory).
     pub memory: Option<Arc<dyn DeviceMemory>>,
+    /// Tokenization slots shared with the process's other engines; `None` tokenizes
+    /// every call at once.
+    pub tokenizing: Option<Arc<Tokenizing>>,
 }
 
 /// The device memory a forward pass takes, told before and after each pass on the engine
@@ -74,6 +78,7 @@ impl Default for EngineOptions {
             observer: None,
             fault_hooks: false,
             memory: None,
+            tokenizing: None,
         }
     }
 }
@@ -88,6 +93,7 @@ impl fmt::Debug for EngineOptions {
             .field("observer", &self.observer.is_some())
             .field("fault_hooks", &self.fault_hooks)
             .field("memory", &self.memory.is_some())
+            .field("tokenizing", &self.tokenizing.is_some())
             .finish()
     }
 }
@@ -148,15 +154,18 @@ impl Forward for Driven {
             .kind
             .pass_bytes(rows.len() * longest, longest, self.dtype_bytes);
         memory.take(bytes).map_err(ModelError::OutOfMemory)?;
-        // Given back however the pass ends, a panic included.
-        struct GiveBack<'a>(&'a dyn DeviceMemory, u64);
-        impl Drop for GiveBack<'_> {
-            fn drop(&mut self) {
-                self.0.give_back(self.1);
-            }
-        }
         let _give_back = GiveBack(memory.as_ref(), bytes);
         self.model.forward(rows)
+    }
+}
+
+/// Memory taken from a [`DeviceMemory`], given back however the work ends, a panic
+/// included.
+pub(crate) struct GiveBack<'a>(pub &'a dyn DeviceMemory, pub u64);
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        self.0.give_back(self.1);
     }
 }
 
@@ -261,6 +270,7 @@ pub struct Engine {
     pending: Arc<AtomicUsize>,
     panic_next: Arc<AtomicBool>,
     fault_hooks: bool,
+    tokenizing: Option<Arc<Tokenizing>>,
 }
 
 /// Whether an engine has work, read from any thread (see [`Engine::load`]).
@@ -366,6 +376,7 @@ impl Engine {
             pending: Arc::default(),
             panic_next,
             fault_hooks: opts.fault_hooks,
+            tokenizing: opts.tokenizing,
         })
     }
 
@@ -433,22 +444,23 @@ impl Engine {
         &self.kind
     }
 
-    /// Tokenizes on the blocking pool (it can take a while for big calls, and it runs in
-    /// parallel with the engine thread's forward passes), then queues the rows.
+    /// Tokenizes `chars` characters on the blocking pool (it can take a while for big
+    /// calls, and it runs in parallel with the engine thread's forward passes), in one of
+    /// the process's tokenizing slots, then queues the rows.
     async fn submit(
         &self,
+        chars: usize,
         encode: impl FnOnce(&Loaded) -> Result<Vec<Row>, ModelError> + Send + 'static,
         progress: &Progress,
         probe: bool,
         priority: i32,
     ) -> Result<(Vec<Vec<f32>>, Vec<usize>), ModelError> {
         let model = self.model.clone();
-        let rows = tokio::task::spawn_blocking(move || encode(&model))
-            .await
-            .map_err(|e| {
-                // A panic is a bug, not the input's fault: retryable like a model failure.
-                ModelError::Candle(candle_core::Error::Msg(format!("tokenizing panicked: {e}")))
-            })??;
+        let encode = move || encode(&model);
+        let rows = match &self.tokenizing {
+            Some(t) => t.run(chars, encode).await?,
+            None => crate::tokenizing::blocking(encode).await?,
+        };
         let token_counts = rows.iter().map(Row::len).collect();
         self.pending.fetch_add(rows.len(), Ordering::Relaxed);
         let _pending = PendingRows(self.pending.clone(), rows.len());
@@ -492,8 +504,10 @@ impl Engine {
         }
         let call_opts = opts.clone();
         let priority = opts.priority;
+        let chars = texts.iter().map(|t| t.chars().count()).sum();
         let (vectors, counts) = self
             .submit(
+                chars,
                 move |m| match m {
                     Loaded::Embedder(e) => e.encode(&texts, &call_opts),
                     Loaded::CrossEncoder(_) => unreachable!("checked above"),
@@ -534,8 +548,15 @@ impl Engine {
         if !matches!(*self.model, Loaded::CrossEncoder(_)) {
             return Err(ModelError::WrongKind("an embedder cannot rerank"));
         }
+        // Each pair holds the query again.
+        let query_chars = query.chars().count();
+        let chars = documents
+            .iter()
+            .map(|d| d.chars().count() + query_chars)
+            .sum();
         let (rows, counts) = self
             .submit(
+                chars,
                 move |m| match m {
                     Loaded::CrossEncoder(c) => c.encode(&query, &documents),
                     Loaded::Embedder(_) => unreachable!("checked above"),

@@ -18,6 +18,7 @@ mod kernels;
 mod model_dir;
 mod pooling;
 mod st_dir;
+mod tokenizing;
 
 pub use crate::{
     batcher::{BatchCounters, BatchObserver, BatchTotals, Progress},
@@ -31,6 +32,7 @@ pub use crate::{
     model_dir::{self_name, ModelIdentity},
     pooling::Pooling,
     st_dir::{ModelInfo, SentenceTransformerDir},
+    tokenizing::{Tokenizing, TOKENIZING_BYTES_PER_CHAR},
 };
 
 /// Re-exported so callers can name a device and dtype without depending on candle.

@@ -340,6 +340,7 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
         host: None,
         nvml_lib: args.nvml_lib.clone(),
         simulated_memory: None,
+        simulated_host_memory: None,
         simulated_id: None,
         cuda_visible_devices: args.cuda_visible_devices.clone(),
     };

@@ -215,10 +215,17 @@ pub struct DeviceArgs {
     #[arg(long, env = "GPULANE_NVML_LIB")]
     pub nvml_lib: Option<PathBuf>,
 
-    /// With --simulate-gpus: a JSON file mapping a card's index (as a string) to its free
-    /// bytes, e.g. {"0": 0, "1": 17179869184}, re-read at every memory refresh.
-    #[arg(long, env = "GPULANE_SIMULATED_MEMORY", requires = "simulate_gpus")]
+    /// With --simulate-gpus or --simulated-host-memory: a JSON file mapping a card's index
+    /// (as a string), or "host", to the bytes other tenants leave free, e.g.
+    /// {"0": 0, "host": 1073741824}, re-read at every memory refresh.
+    #[arg(long, env = "GPULANE_SIMULATED_MEMORY")]
     pub simulated_memory: Option<PathBuf>,
+
+    /// Declare the host's memory (e.g. 2GiB) instead of reading it, for tests and demos of
+    /// the CPU lanes' admission: engines and tokenizations account what they take in it,
+    /// and a pass that would not fit fails as out of memory.
+    #[arg(long, env = "GPULANE_SIMULATED_HOST_MEMORY")]
+    pub simulated_host_memory: Option<String>,
 
     /// With --simulate-gpus: names the simulated cards GPU-SIM-NAME-0, GPU-SIM-NAME-1, …
     /// so their private queues stay the same across restarts (tests, demos). Without it
@@ -341,6 +348,11 @@ pub struct RunArgs {
     /// total (e.g. 0.1).
     #[arg(long, env = "GPULANE_VRAM_HEADROOM", default_value = "0.05")]
     pub vram_headroom: String,
+
+    /// Host memory the CPU lanes never promise to tasks: bytes (e.g. 1GiB) or a fraction
+    /// of the host's memory, or of its cgroup's limit when lower (e.g. 0.1).
+    #[arg(long, env = "GPULANE_HOST_MEMORY_HEADROOM", default_value = "0.05")]
+    pub host_memory_headroom: String,
 
     /// Per-task working memory of a model, overriding the estimate: NAME=BYTES (e.g.
     /// bge-m3=3GiB). Repeatable.

@@ -16,7 +16,7 @@ use std::{
 use gpulane_models::Engine;
 use temporalio_client::Connection;
 
-use crate::{admission::CardBudget, metrics::Metrics, temporal};
+use crate::{admission::MemoryBudget, metrics::Metrics, temporal};
 
 /// How often the engines and the connection are checked.
 const CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -49,7 +49,7 @@ struct State {
     /// Lanes that should poll and do not, with why.
     lanes_down: Vec<String>,
     engines: Vec<Watched>,
-    cards: Vec<Arc<CardBudget>>,
+    budgets: Vec<Arc<MemoryBudget>>,
 }
 
 /// The worker's health, written by the supervisor and the checks, read by the probes
@@ -79,7 +79,7 @@ impl Health {
                 failures: Vec::new(),
                 lanes_down: Vec::new(),
                 engines: Vec::new(),
-                cards: Vec::new(),
+                budgets: Vec::new(),
             }),
             metrics,
         })
@@ -107,9 +107,9 @@ impl Health {
         });
     }
 
-    /// Watches a served card's memory reading.
-    pub(crate) fn watch_card(&self, budget: Arc<CardBudget>) {
-        self.lock().cards.push(budget);
+    /// Watches a served device's memory reading (a card's, or the host's).
+    pub(crate) fn watch_budget(&self, budget: Arc<MemoryBudget>) {
+        self.lock().budgets.push(budget);
     }
 
     /// Every lane polls: start-up is over.
@@ -159,9 +159,9 @@ impl Health {
             })
             .collect();
         problems.extend(
-            s.cards
+            s.budgets
                 .iter()
-                .filter_map(|b| b.reading_error().map(|e| format!("card {}: {e}", b.uuid()))),
+                .filter_map(|b| b.reading_error().map(|e| format!("{}: {e}", b.of()))),
         );
         problems
     }

@@ -8,11 +8,12 @@ use gpulane_models::ModelKind;
 use gpulane_proto::activity;
 
 use crate::{
+    admission::MemoryBudget,
     config::{CpuLane, DeviceArgs, ModelArgs, RunArgs},
     lanes::plan,
     registry::ModelSpec,
     settings::{DeviceSettings, Settings},
-    startup::{card_budget, inventory, resolve_models, start_on_cpu},
+    startup::{card_budget, host, host_budget, inventory, resolve_models, start_on_cpu},
     RuntimeError,
 };
 
@@ -99,9 +100,10 @@ pub(crate) fn print_devices(args: &DeviceArgs) {
 }
 
 /// `gpulane admission`: each selected card's budget, built as `run` builds it, fed one
-/// memory reading taken now, and how many activities of each type it would admit. The
-/// models load on the CPU (only their sizes matter), so their weights are counted as
-/// memory the card would still lose. One `key=value` line per card, for scripts.
+/// memory reading taken now, and how many activities of each type it would admit; then
+/// the host's, for the CPU lanes. The models load on the CPU (only their sizes matter), so
+/// their weights are counted as memory a card would still lose. One `key=value` line per
+/// device, for scripts.
 pub(crate) async fn print_admission(args: &RunArgs) -> Result<(), RuntimeError> {
     let settings = Settings::from_args(args)?;
     let specs = resolve_models(&args.models, false).await?;
@@ -111,57 +113,73 @@ pub(crate) async fn print_admission(args: &RunArgs) -> Result<(), RuntimeError> 
         .into_iter()
         .filter_map(|p| p.gpu)
         .collect();
+    let load = |on: fn(&ModelSpec) -> bool| {
+        specs
+            .iter()
+            .filter(|m| on(m))
+            .map(|m| Ok((m.clone(), start_on_cpu(m)?)))
+            .collect::<Result<Vec<(ModelSpec, _)>, RuntimeError>>()
+    };
     if cards.is_empty() {
         println!("gpus: none (inventory: {})", inv.source());
-        return Ok(());
-    }
-    let engines = specs
-        .iter()
-        .filter(|m| m.on_gpu)
-        .map(|m| Ok((m.clone(), start_on_cpu(m)?)))
-        .collect::<Result<Vec<(ModelSpec, _)>, RuntimeError>>()?;
-    if engines.is_empty() {
-        return Err(RuntimeError::Config(
-            "no declared model serves the gpu lanes".to_owned(),
-        ));
-    }
-    for g in &cards {
-        let budget = card_budget(&settings, g, &engines, Arc::default(), false)?;
-        let reading = inv.free_memory(&g.uuid);
-        let free = reading
-            .as_ref()
-            .map_or_else(|e| format!("error ({e})"), u64::to_string);
-        budget.set_reading(reading, inv.own_usage(&g.uuid));
-        let snap = budget.snapshot();
-        // An activity no model on the card serves is admitted by nothing.
-        let admits = |activity: &str| {
-            if !snap.by_activity.contains_key(activity) {
-                return "none (no model serves it)".to_owned();
-            }
-            budget
-                .would_admit(activity)
-                .map_or_else(|e| format!("none ({e})"), |n| n.to_string())
-        };
-        println!(
-            "gpu {index} {uuid} total_bytes={total} free_bytes={free} others_bytes={others} \
-             headroom_bytes={headroom} weights_bytes={weights} admit_embed={ae} admit_rerank={ar}",
-            index = g.index,
-            uuid = g.uuid,
-            total = g.total_memory,
-            others = snap
-                .others
-                .map_or_else(|| "?".to_owned(), |b| b.to_string()),
-            headroom = snap.headroom,
-            weights = snap.weights,
-            ae = admits(activity::EMBED),
-            ar = admits(activity::RERANK),
-        );
-        for (model, bytes) in &snap.estimates {
-            println!("  model {model} working_set_bytes={bytes}");
+    } else {
+        let engines = load(|m| m.on_gpu)?;
+        if engines.is_empty() {
+            return Err(RuntimeError::Config(
+                "no declared model serves the gpu lanes".to_owned(),
+            ));
         }
-        for (activity, bytes) in &snap.waiting_rows {
-            println!("  activity {activity} waiting_rows_bytes={bytes}");
+        for g in &cards {
+            let budget = card_budget(&settings, g, &engines, Arc::default(), false)?;
+            let reading = inv.free_memory(&g.uuid);
+            budget.set_reading(reading, inv.own_usage(&g.uuid));
+            print_budget(&format!("gpu {} {}", g.index, g.uuid), &budget);
         }
+    }
+    let engines = load(|m| m.on_cpu)?;
+    if !engines.is_empty() {
+        let host = host(d)?;
+        let budget = host_budget(&settings, &host, &engines, Arc::default());
+        budget.set_reading(host.memory.available(), host.memory.own_usage());
+        print_budget(&format!("host {}", host.memory.source()), &budget);
     }
     Ok(())
+}
+
+/// One device's budget as `gpulane admission` prints it.
+fn print_budget(head: &str, budget: &MemoryBudget) {
+    let snap = budget.snapshot();
+    // An activity no model on the device serves is admitted by nothing.
+    let admits = |activity: &str| {
+        if !snap.by_activity.contains_key(activity) {
+            return "none (no model serves it)".to_owned();
+        }
+        budget
+            .would_admit(activity)
+            .map_or_else(|e| format!("none ({e})"), |n| n.to_string())
+    };
+    println!(
+        "{head} total_bytes={total} free_bytes={free} others_bytes={others} \
+         headroom_bytes={headroom} weights_bytes={weights} reserve_bytes={reserve} \
+         admit_embed={ae} admit_rerank={ar}",
+        total = snap.total,
+        free = snap
+            .free
+            .as_ref()
+            .map_or_else(|e| format!("error ({e})"), u64::to_string),
+        others = snap
+            .others
+            .map_or_else(|| "?".to_owned(), |b| b.to_string()),
+        headroom = snap.headroom,
+        weights = snap.weights,
+        reserve = snap.reserve,
+        ae = admits(activity::EMBED),
+        ar = admits(activity::RERANK),
+    );
+    for (model, bytes) in &snap.estimates {
+        println!("  model {model} working_set_bytes={bytes}");
+    }
+    for (activity, bytes) in &snap.waiting_rows {
+        println!("  activity {activity} waiting_rows_bytes={bytes}");
+    }
 }

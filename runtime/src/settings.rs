@@ -20,7 +20,7 @@ use crate::{
     RuntimeError,
 };
 
-/// Card memory never promised to tasks.
+/// Memory never promised to tasks, on a card or the host.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Headroom {
     Bytes(u64),
@@ -29,13 +29,14 @@ pub(crate) enum Headroom {
 }
 
 impl Headroom {
-    fn parse(v: &str) -> Result<Self, String> {
+    /// Parses `flag`'s value `v`.
+    fn parse(flag: &str, v: &str) -> Result<Self, String> {
         let v = v.trim();
         if v.contains('.') {
             if let Ok(f) = v.parse::<f64>() {
                 if !(0.0..1.0).contains(&f) {
                     return Err(format!(
-                        "--vram-headroom {v}: a fraction must be in [0, 1); for bytes write a unit, e.g. 2GiB"
+                        "{flag} {v}: a fraction must be in [0, 1); for bytes write a unit, e.g. 2GiB"
                     ));
                 }
                 return Ok(Headroom::Fraction(f));
@@ -43,10 +44,10 @@ impl Headroom {
         }
         crate::units::parse_bytes(v)
             .map(Headroom::Bytes)
-            .map_err(|e| format!("--vram-headroom: {e}"))
+            .map_err(|e| format!("{flag}: {e}"))
     }
 
-    /// The headroom in bytes on a card of `total` bytes.
+    /// The headroom in bytes of `total` bytes.
     pub(crate) fn bytes(self, total: u64) -> u64 {
         match self {
             Headroom::Bytes(b) => b,
@@ -61,6 +62,8 @@ pub(crate) struct DeviceSettings {
     /// `--simulate-gpus`: count and bytes per card.
     pub simulate: Option<(u32, u64)>,
     pub simulated_memory: Option<PathBuf>,
+    /// `--simulated-host-memory`: the declared host's bytes.
+    pub simulated_host: Option<u64>,
     /// `--simulated-id`: the simulated cards' stable name.
     pub simulated_id: Option<String>,
     pub gpus: GpuSelection,
@@ -78,7 +81,29 @@ impl DeviceSettings {
                 .as_deref()
                 .map(parse_simulate_spec)
                 .transpose()?,
-            simulated_memory: args.simulated_memory.clone(),
+            simulated_memory: match &args.simulated_memory {
+                Some(_) if args.simulate_gpus.is_none() && args.simulated_host_memory.is_none() => {
+                    return Err(RuntimeError::Config(
+                        "--simulated-memory scripts simulated memory: add --simulate-gpus or \
+                         --simulated-host-memory"
+                            .to_owned(),
+                    ))
+                }
+                other => other.clone(),
+            },
+            simulated_host: args
+                .simulated_host_memory
+                .as_deref()
+                .map(|v| match crate::units::parse_bytes(v) {
+                    Ok(0) => Err("must be positive".to_owned()),
+                    other => other,
+                })
+                .transpose()
+                .map_err(|e| {
+                    RuntimeError::Config(format!(
+                        "--simulated-host-memory: {e}; write a size such as 2GiB"
+                    ))
+                })?,
             simulated_id: match args.simulated_id.as_deref() {
                 Some(id)
                     if id.is_empty()
@@ -137,6 +162,8 @@ pub(crate) struct Settings {
     pub identity: String,
     pub limits: Limits,
     pub headroom: Headroom,
+    /// `--host-memory-headroom`: host memory the CPU lanes never promise.
+    pub host_headroom: Headroom,
     /// `--vram-cost` overrides by model name.
     pub vram_costs: Vec<(String, u64)>,
     pub max_concurrent_per_card: usize,
@@ -278,7 +305,9 @@ impl Settings {
                 max_total_chars: args.max_total_chars,
                 max_result_bytes: args.max_result_bytes,
             },
-            headroom: Headroom::parse(&args.vram_headroom).map_err(config)?,
+            headroom: Headroom::parse("--vram-headroom", &args.vram_headroom).map_err(config)?,
+            host_headroom: Headroom::parse("--host-memory-headroom", &args.host_memory_headroom)
+                .map_err(config)?,
             vram_costs,
             max_concurrent_per_card: args.max_concurrent_per_card,
             max_concurrent_cpu: args.max_concurrent_cpu,

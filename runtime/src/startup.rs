@@ -1,19 +1,22 @@
 //! Start-up: the models a worker declares, the device inventory, and each device made
 //! ready to serve: its engines loaded (paired with the declaration they came from), its
-//! activities, and for a card its admission budget. Used by `gpulane run`, by the
+//! activities, and its admission budget (a card's memory, or the host's for the CPU lane). Used by `gpulane run`, by the
 //! reports (`models`, `admission`, `bench`), and again when a card that could not be read
 //! at start recovers.
 
 use std::sync::Arc;
 
 use gpulane_activities::{DeviceActivities, ModelSet};
-use gpulane_models::{DType, Engine, EngineDevice, EngineOptions, ModelKind};
+use gpulane_models::{DType, Engine, EngineDevice, EngineOptions, ModelKind, Tokenizing};
 use gpulane_proto::activity;
 
 use crate::{
-    admission::{BudgetOptions, CardBudget, EngineCost},
+    admission::{BudgetOf, BudgetOptions, EngineCost, MemoryBudget},
     config::ModelArgs,
-    devices::{DeviceError, DeviceInventory, GpuDevice, NvmlInventory, SimulatedInventory},
+    devices::{
+        DeviceError, DeviceInventory, GpuDevice, HostMemory, NvmlInventory, SimulatedHost,
+        SimulatedInventory, SysinfoHost,
+    },
     lanes::{DevicePlan, LanePlan},
     metrics::Metrics,
     registry::{declarations, resolve, ModelSpec},
@@ -94,6 +97,46 @@ pub(crate) fn inventory(d: &DeviceSettings) -> Result<Arc<dyn DeviceInventory>, 
     }
 }
 
+/// The host as every device's engines share it: its memory, and the tokenizing slots
+/// (tokenization runs on the host, whichever device runs the model).
+#[derive(Clone)]
+pub(crate) struct Host {
+    pub memory: Arc<dyn HostMemory>,
+    pub tokenizing: Arc<Tokenizing>,
+}
+
+/// Most calls tokenizing at once. Each call's `encode_batch` already spreads over the
+/// cores, so more slots than cores buy nothing, and each slot is memory the host keeps.
+const MOST_TOKENIZING: usize = 4;
+
+/// The host the settings ask for: `--simulated-host-memory`, else the machine's memory
+/// through `sysinfo`.
+pub(crate) fn host(d: &DeviceSettings) -> Result<Host, RuntimeError> {
+    let memory: Arc<dyn HostMemory> = match d.simulated_host {
+        Some(bytes) => {
+            tracing::warn!(
+                bytes,
+                "simulated host memory declared by --simulated-host-memory"
+            );
+            Arc::new(SimulatedHost::new(bytes, d.simulated_memory.clone()))
+        }
+        None => Arc::new(SysinfoHost::new()?),
+    };
+    let slots = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(MOST_TOKENIZING);
+    tracing::info!(
+        source = memory.source(),
+        total_bytes = memory.total(),
+        tokenizing_slots = slots,
+        "host memory"
+    );
+    Ok(Host {
+        tokenizing: Tokenizing::new(slots, memory.engine_memory()),
+        memory,
+    })
+}
+
 /// Where a device's engines run: the CPU for the CPU lane and simulated cards, the card
 /// (by its verified CUDA ordinal) with the `cuda` build, else a refusal that says why.
 pub(crate) fn engine_device(plan: &DevicePlan) -> Result<EngineDevice, RuntimeError> {
@@ -159,7 +202,7 @@ pub(crate) struct DeviceSetup {
     /// Each engine with the declaration it was loaded from.
     pub engines: Vec<(ModelSpec, Engine)>,
     pub activities: DeviceActivities,
-    pub budget: Option<Arc<CardBudget>>,
+    pub budget: Arc<MemoryBudget>,
     pub lanes: Vec<LanePlan>,
 }
 
@@ -171,15 +214,17 @@ pub(crate) fn load_device(
     settings: &Settings,
     metrics: &Arc<Metrics>,
     inventory: &dyn DeviceInventory,
+    host: &Host,
 ) -> Result<DeviceSetup, RuntimeError> {
     let device = engine_device(&plan)?;
     let on_cpu = matches!(device, EngineDevice::Cpu);
-    // A simulated card accounts what its engines hold (see devices/simulated.rs); if a
-    // later model fails to load, the weights held so far go back with the engines.
-    let memory = plan
-        .gpu
-        .as_ref()
-        .and_then(|g| inventory.engine_memory(&g.uuid));
+    // A simulated card (or host) accounts what its engines hold (see
+    // devices/simulated.rs); if a later model fails to load, the weights held so far go
+    // back with the engines.
+    let memory = match &plan.gpu {
+        Some(g) => inventory.engine_memory(&g.uuid),
+        None => host.memory.engine_memory(),
+    };
     let mut held = HeldWeights(memory.clone(), 0);
     let mut engines = Vec::new();
     for m in models.iter().filter(|m| {
@@ -198,6 +243,7 @@ pub(crate) fn load_device(
             observer: Some(metrics.engine(plan.label(), &m.name)),
             fault_hooks: settings.test_faults,
             memory: memory.clone(),
+            tokenizing: Some(host.tokenizing.clone()),
         };
         let engine = Engine::start(&m.name, &m.path, &device, opts).map_err(|source| {
             RuntimeError::Model {
@@ -236,8 +282,8 @@ pub(crate) fn load_device(
         )));
     }
     let budget = match &plan.gpu {
-        Some(g) => Some(card_budget(settings, g, &engines, metrics.clone(), true)?),
-        None => None,
+        Some(g) => card_budget(settings, g, &engines, metrics.clone(), true)?,
+        None => host_budget(settings, host, &engines, metrics.clone()),
     };
     let model_queues: Vec<&str> = engines
         .iter()
@@ -289,7 +335,7 @@ pub(crate) fn card_budget(
     engines: &[(ModelSpec, Engine)],
     metrics: Arc<Metrics>,
     weights_in_reading: bool,
-) -> Result<Arc<CardBudget>, RuntimeError> {
+) -> Result<Arc<MemoryBudget>, RuntimeError> {
     for (name, _) in &settings.vram_costs {
         if !engines.iter().any(|(s, _)| &s.name == name) {
             return Err(RuntimeError::Config(format!(
@@ -298,36 +344,91 @@ pub(crate) fn card_budget(
             )));
         }
     }
-    let costs: Vec<EngineCost> = engines
-        .iter()
-        .map(|(spec, engine)| {
-            let dtype_bytes = card_dtype_bytes(gpu, spec);
-            EngineCost {
-                model: spec.name.clone(),
-                serves: match engine.kind() {
-                    ModelKind::Embedder(_) => vec![
-                        activity::EMBED.to_owned(),
-                        activity::EMBED_DATASET.to_owned(),
-                    ],
-                    ModelKind::CrossEncoder(_) => vec![activity::RERANK.to_owned()],
-                },
-                working: settings
-                    .vram_costs
-                    .iter()
-                    .find(|(n, _)| *n == spec.name)
-                    .map(|(_, b)| *b)
-                    .or(spec.vram_cost)
-                    .unwrap_or_else(|| engine.kind().working_bytes(dtype_bytes)),
-                load: engine.load(),
-            }
-        })
-        .collect();
+    let costs = engine_costs(engines, |spec, engine| {
+        settings
+            .vram_costs
+            .iter()
+            .find(|(n, _)| *n == spec.name)
+            .map(|(_, b)| *b)
+            .or(spec.vram_cost)
+            .unwrap_or_else(|| engine.kind().working_bytes(card_dtype_bytes(gpu, spec)))
+    });
     let weights: u64 = engines
         .iter()
         .map(|(s, e)| e.kind().weight_bytes(card_dtype_bytes(gpu, s)))
         .sum();
-    // A task's rows wait in the engine as token ids and masks (4 bytes each), at most
-    // --max-texts rows of the longest sequence a model of its kind takes.
+    let opts = BudgetOptions {
+        headroom: settings.headroom.bytes(gpu.total_memory),
+        cap: settings.max_concurrent_per_card,
+        weights,
+        reserve: 0,
+        weights_in_reading,
+        engines: costs,
+        waiting_rows: waiting_rows(settings, engines, 0),
+    };
+    Ok(budget(
+        BudgetOf::Card(gpu.uuid.clone()),
+        gpu.total_memory,
+        opts,
+        metrics,
+    ))
+}
+
+/// The CPU lanes' budget of the host's memory: as a card's (the engines compute in f32),
+/// plus the tokenizing slots' peak kept once, and each task's input text, which the host
+/// holds (as received and as decoded strings, at most 4 bytes a character each) while the
+/// task runs.
+pub(crate) fn host_budget(
+    settings: &Settings,
+    host: &Host,
+    engines: &[(ModelSpec, Engine)],
+    metrics: Arc<Metrics>,
+) -> Arc<MemoryBudget> {
+    let total = host.memory.total();
+    let costs = engine_costs(engines, |_, engine| engine.kind().working_bytes(4));
+    let max_chars = settings.limits.max_total_chars;
+    let opts = BudgetOptions {
+        headroom: settings.host_headroom.bytes(total),
+        cap: settings.max_concurrent_cpu,
+        weights: engines.iter().map(|(_, e)| e.kind().weight_bytes(4)).sum(),
+        reserve: host.tokenizing.reserve(max_chars),
+        weights_in_reading: true,
+        engines: costs,
+        waiting_rows: waiting_rows(settings, engines, 2 * 4 * max_chars as u64),
+    };
+    budget(BudgetOf::Host, total, opts, metrics)
+}
+
+/// Each engine as admission counts it, its working set from `working`.
+fn engine_costs(
+    engines: &[(ModelSpec, Engine)],
+    working: impl Fn(&ModelSpec, &Engine) -> u64,
+) -> Vec<EngineCost> {
+    engines
+        .iter()
+        .map(|(spec, engine)| EngineCost {
+            model: spec.name.clone(),
+            serves: match engine.kind() {
+                ModelKind::Embedder(_) => vec![
+                    activity::EMBED.to_owned(),
+                    activity::EMBED_DATASET.to_owned(),
+                ],
+                ModelKind::CrossEncoder(_) => vec![activity::RERANK.to_owned()],
+            },
+            working: working(spec, engine),
+            load: engine.load(),
+        })
+        .collect()
+}
+
+/// Per task, by activity type: its rows waiting in an engine's queue as token ids and
+/// masks (4 bytes each), at most --max-texts rows of the longest sequence a model of its
+/// kind takes, plus `input` bytes more.
+fn waiting_rows(
+    settings: &Settings,
+    engines: &[(ModelSpec, Engine)],
+    input: u64,
+) -> std::collections::HashMap<String, u64> {
     let waiting = |want: fn(&ModelKind) -> bool| {
         let longest = engines
             .iter()
@@ -338,10 +439,10 @@ pub(crate) fn card_budget(
             })
             .max()
             .unwrap_or(0) as u64;
-        settings.limits.max_texts as u64 * longest * 8
+        settings.limits.max_texts as u64 * longest * 8 + input
     };
     let embed_rows = waiting(|k| matches!(k, ModelKind::Embedder(_)));
-    let waiting_rows = [
+    [
         (activity::EMBED.to_owned(), embed_rows),
         (activity::EMBED_DATASET.to_owned(), embed_rows),
         (
@@ -350,28 +451,25 @@ pub(crate) fn card_budget(
         ),
     ]
     .into_iter()
-    .collect();
-    let headroom = settings.headroom.bytes(gpu.total_memory);
-    for c in &costs {
-        tracing::info!(gpu_uuid = %gpu.uuid, model = %c.model, working_bytes = c.working,
-            "card admission: working set per forward pass");
+    .collect()
+}
+
+/// A budget for `of`, logged as it is set.
+fn budget(
+    of: BudgetOf,
+    total: u64,
+    opts: BudgetOptions,
+    metrics: Arc<Metrics>,
+) -> Arc<MemoryBudget> {
+    for c in &opts.engines {
+        tracing::info!(budget = %of, model = %c.model, working_bytes = c.working,
+            "admission: working set per forward pass");
     }
-    tracing::info!(gpu_uuid = %gpu.uuid, weights_bytes = weights, headroom_bytes = headroom,
-        embed_waiting_rows_bytes = embed_rows,
-        cap = settings.max_concurrent_per_card, "card admission budget");
-    Ok(CardBudget::new(
-        &gpu.uuid,
-        gpu.total_memory,
-        BudgetOptions {
-            headroom,
-            cap: settings.max_concurrent_per_card,
-            weights,
-            weights_in_reading,
-            engines: costs,
-            waiting_rows,
-        },
-        metrics,
-    ))
+    tracing::info!(budget = %of, total_bytes = total, weights_bytes = opts.weights,
+        reserve_bytes = opts.reserve, headroom_bytes = opts.headroom,
+        embed_waiting_rows_bytes = opts.waiting_rows.get(activity::EMBED).copied().unwrap_or(0),
+        cap = opts.cap, "admission budget");
+    MemoryBudget::new(of, total, opts, metrics)
 }
 
 /// Bytes per value of `spec` on `gpu`: simulated cards compute on the CPU in f32, real

@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::{
-    admission::CardBudget,
+    admission::MemoryBudget,
     metrics::{Metrics, Outcome},
     temporal::{failure, input_json, json_payload},
     RuntimeError,
@@ -48,7 +48,7 @@ pub(crate) struct Lane {
     pub activities: DeviceActivities,
     pub queue: String,
     pub route: Route,
-    pub budget: Option<Arc<CardBudget>>,
+    pub budget: Arc<MemoryBudget>,
     pub metrics: Arc<Metrics>,
     /// Activities running now on this lane, for `status`.
     pub running: Arc<AtomicUsize>,
@@ -232,8 +232,8 @@ async fn execute(
     let (result, ended, model) = tokio::select! {
         (ran, panicked) = outcome(&lane, &start, &progress) => match ran.result {
             Ok(json) => {
-                if let (Some(b), Some(m)) = (&lane.budget, &ran.model) {
-                    b.record_success(m);
+                if let Some(m) = &ran.model {
+                    lane.budget.record_success(m);
                 }
                 (ActivityExecutionResult::ok(json_payload(json)), Outcome::Completed, ran.model)
             }
@@ -242,9 +242,7 @@ async fn execute(
                     lane.metrics.activity_panicked(queue);
                     tracing::error!(panic = %message, "activity panicked (a bug); failed back retryably, the lane keeps serving");
                 } else if e.is_out_of_memory() {
-                    if let Some(b) = &lane.budget {
-                        b.record_oom(&start.activity_type, ran.model.as_deref());
-                    }
+                    lane.budget.record_oom(&start.activity_type, ran.model.as_deref());
                 }
                 if matches!(e, ActivityError::ModelNotServed { .. }) {
                     lane.metrics.model_not_served(queue);

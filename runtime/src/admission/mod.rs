@@ -1,16 +1,22 @@
-//! Card admission: a card takes a task only when it has the memory for it.
+//! Memory admission: a card, or the host's CPU lanes, takes a task only when it has the
+//! memory for it.
 //!
 //! sdk-core asks a lane's slot supplier for a permit before every poll. Each card has one
-//! [`CardBudget`], shared by all its lanes (the shared `gpu-tools` queue, the card's
-//! private queue, model queues), and each lane a [`LaneSlots`] supplier drawing on it.
+//! [`MemoryBudget`], shared by all its lanes (the shared `gpu-tools` queue, the card's
+//! private queue, model queues), and each lane a [`LaneSlots`] supplier drawing on it. The
+//! CPU lanes share one budget of the host's memory (`sysinfo`, within its cgroup's limit),
+//! built the same way with two differences: the host also keeps room for the tokenizations
+//! that may run at once (a `reserve`), and a task's waiting cost includes its input text,
+//! which the host holds while the task runs.
 //!
-//! Memory is modelled the way the card really uses it:
+//! Memory is modelled the way the device really uses it:
 //! - **weights** once per loaded model;
 //! - **one working set per engine** that has work: each (card, model) engine runs one
 //!   forward pass at a time, so however many activities wait, the card's peak is one
 //!   batch per busy engine (`--vram-cost` or the cost formula, raised by out-of-memory
 //!   errors and lowered again after a run of successes);
 //! - **waiting rows** per admitted task, at their own small cost (token ids and masks);
+//! - on the host, the **tokenizing reserve**;
 //! - **headroom**, never promised.
 //!
 //! Other tenants' use is what the reading shows beyond this process's own (NVML's
@@ -18,7 +24,7 @@
 //! already holds is not charged twice. The check for one more task is
 //!
 //! ```text
-//! total - headroom - others - max(own now, weights + busy working sets)
+//! total - headroom - others - max(own now, weights + reserve + busy working sets)
 //!       - waiting rows  >=  rows of one task + the largest idle engine's working set
 //! ```
 //!
@@ -36,10 +42,11 @@
 //! estimate) answers. Without a permit the lane does not poll, so the task waits in
 //! Temporal (visible as backlog) where another card or host can take it.
 
-mod cpu;
 mod slots;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_host;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -50,11 +57,10 @@ use std::{
 use gpulane_models::EngineLoad;
 use tokio::sync::Notify;
 
-pub(crate) use cpu::CpuPool;
 pub(crate) use slots::{LaneSlots, PollGate};
 
 use crate::{
-    devices::{DeviceError, DeviceInventory},
+    devices::{DeviceError, DeviceInventory, HostMemory},
     metrics::Metrics,
 };
 
@@ -78,15 +84,36 @@ pub(crate) struct EngineCost {
     pub load: EngineLoad,
 }
 
-/// How a card's budget is set.
+/// Whose memory a budget holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BudgetOf {
+    /// A card, by UUID.
+    Card(String),
+    /// The host, for the CPU lanes.
+    Host,
+}
+
+impl std::fmt::Display for BudgetOf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BudgetOf::Card(uuid) => write!(f, "card {uuid}"),
+            BudgetOf::Host => f.write_str("host memory"),
+        }
+    }
+}
+
+/// How a budget is set.
 #[derive(Clone)]
 pub(crate) struct BudgetOptions {
     /// Bytes never promised to tasks, left for other tenants and allocator slack.
     pub headroom: u64,
     /// Most tasks running at once over the card's lanes.
     pub cap: usize,
-    /// The weights of every model on the card, counted once.
+    /// The weights of every model on the device, counted once.
     pub weights: u64,
+    /// Bytes kept for work besides forward passes that may run at any time: on the host,
+    /// the tokenizing slots' peak; 0 on a card.
+    pub reserve: u64,
     /// Whether a reading holds the weights when no per-process figure says what this
     /// process holds: true on a real card once loaded; false in `gpulane admission`,
     /// which loads nothing on the card.
@@ -145,6 +172,8 @@ pub(crate) struct BudgetSnapshot {
     pub reserved: u64,
     pub headroom: u64,
     pub weights: u64,
+    /// Kept for tokenizing (the host); 0 on a card.
+    pub reserve: u64,
     /// Other tenants' use, from the last reading.
     pub others: Option<u64>,
     pub running: usize,
@@ -166,9 +195,9 @@ enum Blocked {
     NoReading,
 }
 
-/// One card's admission budget, shared by the card's lanes.
-pub(crate) struct CardBudget {
-    uuid: String,
+/// One device's admission budget, shared by its lanes.
+pub(crate) struct MemoryBudget {
+    of: BudgetOf,
     total: u64,
     opts: BudgetOptions,
     state: Mutex<State>,
@@ -176,11 +205,11 @@ pub(crate) struct CardBudget {
     metrics: Arc<Metrics>,
 }
 
-impl CardBudget {
-    /// A budget for card `uuid` of `total` bytes. Nothing is admitted until the first
-    /// memory reading ([`CardBudget::set_reading`]).
+impl MemoryBudget {
+    /// A budget for `of`, of `total` bytes. Nothing is admitted until the first memory
+    /// reading ([`MemoryBudget::set_reading`]).
     pub(crate) fn new(
-        uuid: &str,
+        of: BudgetOf,
         total: u64,
         opts: BudgetOptions,
         metrics: Arc<Metrics>,
@@ -195,7 +224,7 @@ impl CardBudget {
             })
             .collect();
         Arc::new(Self {
-            uuid: uuid.to_owned(),
+            of,
             total,
             opts,
             state: Mutex::new(State {
@@ -256,12 +285,14 @@ impl CardBudget {
     }
 
     fn publish(&self, s: &State) {
-        self.metrics.gpu_memory(
-            &self.uuid,
-            self.total,
+        let (free, reserved) = (
             s.free.as_ref().ok().copied(),
             s.waiting + Self::committed(s),
         );
+        match &self.of {
+            BudgetOf::Card(uuid) => self.metrics.gpu_memory(uuid, self.total, free, reserved),
+            BudgetOf::Host => self.metrics.host_memory(self.total, free, reserved),
+        }
     }
 
     /// Records a memory reading, and what this process held at it when the inventory can
@@ -269,10 +300,10 @@ impl CardBudget {
     pub(crate) fn set_reading(&self, reading: Result<u64, DeviceError>, own: Option<u64>) {
         let mut s = self.lock();
         match (&s.free, &reading) {
-            (Ok(_), Err(e)) => tracing::warn!(gpu_uuid = %self.uuid, error = %e,
-                "cannot read card memory: admitting nothing on this card until a reading succeeds"),
-            (Err(was), Ok(free)) => tracing::info!(gpu_uuid = %self.uuid, free, previous = %was,
-                "card memory readable: admission resumes"),
+            (Ok(_), Err(e)) => tracing::warn!(budget = %self.of, error = %e,
+                "cannot read the memory: admitting nothing here until a reading succeeds"),
+            (Err(was), Ok(free)) => tracing::info!(budget = %self.of, free, previous = %was,
+                "memory readable: admission resumes"),
             _ => {}
         }
         s.free = reading.map_err(|e| e.to_string());
@@ -302,7 +333,9 @@ impl CardBudget {
     /// Bytes still free for new work, from a reading of `free` bytes, with `committed`
     /// bytes of working sets promised.
     fn available(&self, s: &State, free: u64, committed: u64) -> u64 {
-        let own_peak = self.own_now(s).max(self.opts.weights + committed);
+        let own_peak = self
+            .own_now(s)
+            .max(self.opts.weights + self.opts.reserve + committed);
         self.total
             .saturating_sub(self.opts.headroom)
             .saturating_sub(self.others(s, free))
@@ -363,13 +396,18 @@ impl CardBudget {
     }
 
     /// A task of `activity_type` ran out of memory, on `model` when known (else on every
-    /// engine serving the type): raise the working-set estimate by half (at least 64 MiB,
-    /// at most what the card can give), so less runs beside it from now on.
+    /// engine serving the type): raise the working-set estimate by half (at least 64 MiB),
+    /// so less runs beside it from now on; but never past what leaves room for one task
+    /// on an otherwise empty device, or nothing would ever be admitted again (and with no
+    /// successes, the estimate would never come down).
     pub(crate) fn record_oom(&self, activity_type: &str, model: Option<&str>) {
+        let one_task = self.opts.waiting_rows.values().copied().max().unwrap_or(0);
         let ceiling = self
             .total
             .saturating_sub(self.opts.headroom)
             .saturating_sub(self.opts.weights)
+            .saturating_sub(self.opts.reserve)
+            .saturating_sub(one_task)
             .max(1);
         let mut s = self.lock();
         for e in s
@@ -382,14 +420,16 @@ impl CardBudget {
                 .max(e.estimate + OOM_STEP)
                 .min(ceiling)
                 .max(e.estimate);
-            tracing::warn!(gpu_uuid = %self.uuid, activity_type, model = %e.cost.model,
+            tracing::warn!(budget = %self.of, activity_type, model = %e.cost.model,
                 from = e.estimate, to = raised,
-                "out of memory on the card: raising the working-set estimate");
+                "out of memory: raising the working-set estimate");
             e.estimate = raised;
             e.successes = 0;
         }
         drop(s);
-        self.metrics.out_of_memory(&self.uuid, activity_type);
+        if let BudgetOf::Card(uuid) = &self.of {
+            self.metrics.out_of_memory(uuid, activity_type);
+        }
     }
 
     /// A task on `model` succeeded. After a run of them, an estimate that out-of-memory
@@ -413,7 +453,7 @@ impl CardBudget {
             } else {
                 lowered
             };
-            tracing::info!(gpu_uuid = %self.uuid, model, from = e.estimate, to = lowered,
+            tracing::info!(budget = %self.of, model, from = e.estimate, to = lowered,
                 successes = e.successes, "no out-of-memory for a while: lowering the working-set estimate");
             e.estimate = lowered;
             e.successes = 0;
@@ -434,7 +474,7 @@ impl CardBudget {
     }
 
     /// Announces a lane that is about to start: until it polls, it counts as a lane
-    /// without a poll (see [`CardBudget::try_poll`]).
+    /// without a poll (see [`MemoryBudget::try_poll`]).
     pub(crate) fn expect_lane(&self, queue: &str) {
         self.lock().expected.insert(queue.to_owned());
     }
@@ -533,9 +573,9 @@ impl CardBudget {
         self.lock().idle.get(&supplier).copied().unwrap_or(0)
     }
 
-    /// The card's UUID.
-    pub(crate) fn uuid(&self) -> &str {
-        &self.uuid
+    /// Whose memory this is.
+    pub(crate) fn of(&self) -> &BudgetOf {
+        &self.of
     }
 
     /// Why the last memory reading failed, if it did.
@@ -552,6 +592,7 @@ impl CardBudget {
             reserved: s.waiting + Self::committed(&s),
             headroom: self.opts.headroom,
             weights: self.opts.weights,
+            reserve: self.opts.reserve,
             others: s.free.as_ref().ok().map(|f| self.others(&s, *f)),
             running: s.running,
             idle_polls: s.idle.values().sum(),
@@ -579,7 +620,7 @@ impl CardBudget {
 
     /// A slot supplier for one lane of this card, serving `activity_types` (with `model`'s
     /// engine only, for a model lane). A lane's supplier is active from here until
-    /// [`CardBudget::supplier_stopped`].
+    /// [`MemoryBudget::supplier_stopped`].
     pub(crate) fn lane(
         self: &Arc<Self>,
         queue: &str,
@@ -602,12 +643,13 @@ impl CardBudget {
     }
 }
 
-/// Keeps every card's memory reading fresh: reads the inventory every `every` and feeds
-/// the budgets, which wakes lanes waiting for memory. Never returns; a panic in a reading
-/// ends it, which the supervisor sees.
+/// Keeps every budget's memory reading fresh: reads the cards' inventory and the host
+/// every `every` and feeds the budgets, which wakes lanes waiting for memory. Never
+/// returns; a panic in a reading ends it, which the supervisor sees.
 pub(crate) async fn refresh(
-    budgets: Arc<Mutex<Vec<Arc<CardBudget>>>>,
+    budgets: Arc<Mutex<Vec<Arc<MemoryBudget>>>>,
     inventory: Arc<dyn DeviceInventory>,
+    host: Arc<dyn HostMemory>,
     every: Duration,
 ) {
     let mut tick = tokio::time::interval(every);
@@ -615,18 +657,20 @@ pub(crate) async fn refresh(
     loop {
         tick.tick().await;
         // Cards that recover after start join the list; read the list each round.
-        let now: Vec<Arc<CardBudget>> = budgets
+        let now: Vec<Arc<MemoryBudget>> = budgets
             .lock()
             .expect("card list lock poisoned; this is a bug")
             .clone();
         for b in &now {
-            // NVML calls are quick but blocking; a simulation file read is too.
-            let inv = inventory.clone();
-            let uuid = b.uuid.clone();
-            let (reading, own) =
-                tokio::task::spawn_blocking(move || (inv.free_memory(&uuid), inv.own_usage(&uuid)))
-                    .await
-                    .expect("memory reading task panicked; this is a bug");
+            // NVML and /proc reads are quick but blocking; a simulation file read is too.
+            let (inv, host) = (inventory.clone(), host.clone());
+            let of = b.of.clone();
+            let (reading, own) = tokio::task::spawn_blocking(move || match &of {
+                BudgetOf::Card(uuid) => (inv.free_memory(uuid), inv.own_usage(uuid)),
+                BudgetOf::Host => (host.available(), host.own_usage()),
+            })
+            .await
+            .expect("memory reading task panicked; this is a bug");
             b.set_reading(reading, own);
         }
     }

@@ -1,5 +1,5 @@
-//! A card lane's slot supplier: opens polls on its card's [`CardBudget`] and charges the
-//! task that arrives; and the gate that lets a stopping lane's open polls finish.
+//! A lane's slot supplier: opens polls on its device's [`MemoryBudget`] (a card's, or the
+//! host's for the CPU lanes) and charges the task that arrives; and the gate that lets a stopping lane's open polls finish.
 
 use std::{
     sync::{
@@ -15,7 +15,7 @@ use temporalio_sdk_core::{
 };
 use tokio::sync::Notify;
 
-use super::CardBudget;
+use super::{BudgetOf, MemoryBudget};
 
 /// Counts a lane's open polls (permits core took and has neither used nor released) and
 /// can close the lane to new polls. sdk-core 0.10.1 throws away a long poll that is still
@@ -119,9 +119,9 @@ struct Held {
     activity: std::sync::OnceLock<String>,
 }
 
-/// One lane's slot supplier, drawing on its card's [`CardBudget`].
+/// One lane's slot supplier, drawing on its device's [`MemoryBudget`].
 pub(crate) struct LaneSlots {
-    budget: Arc<CardBudget>,
+    budget: Arc<MemoryBudget>,
     /// This supplier's key in the budget's turn-taking.
     id: u64,
     queue: String,
@@ -133,7 +133,7 @@ pub(crate) struct LaneSlots {
 
 impl LaneSlots {
     pub(super) fn new(
-        budget: Arc<CardBudget>,
+        budget: Arc<MemoryBudget>,
         id: u64,
         queue: &str,
         activity_types: Vec<String>,
@@ -149,7 +149,7 @@ impl LaneSlots {
         }
     }
 
-    /// This supplier's key, for [`CardBudget::supplier_stopped`].
+    /// This supplier's key, for [`MemoryBudget::supplier_stopped`].
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
@@ -170,9 +170,9 @@ impl LaneSlots {
             self.gate.ended(false);
             return Err(b);
         }
-        self.budget
-            .metrics
-            .permit_issued(&self.budget.uuid, &self.queue);
+        if let BudgetOf::Card(uuid) = &self.budget.of {
+            self.budget.metrics.permit_issued(uuid, &self.queue);
+        }
         Ok(SlotSupplierPermit::with_user_data(Held {
             bytes: AtomicU64::new(0),
             idle: AtomicBool::new(true),
@@ -197,17 +197,21 @@ impl SlotSupplier for LaneSlots {
             match self.try_open() {
                 Ok(permit) => {
                     if let Some(t) = waiting_since {
-                        self.budget.metrics.memory_wait(
-                            &self.budget.uuid,
-                            &self.queue,
-                            t.elapsed().as_secs_f64(),
-                        );
+                        let secs = t.elapsed().as_secs_f64();
+                        match &self.budget.of {
+                            BudgetOf::Card(uuid) => {
+                                self.budget.metrics.memory_wait(uuid, &self.queue, secs);
+                            }
+                            BudgetOf::Host => {
+                                self.budget.metrics.host_memory_wait(&self.queue, secs);
+                            }
+                        }
                     }
                     return permit;
                 }
                 Err(super::Blocked::Memory) if waiting_since.is_none() => {
-                    tracing::debug!(gpu_uuid = %self.budget.uuid, task_queue = %self.queue,
-                        "waiting for card memory before polling");
+                    tracing::debug!(budget = %self.budget.of, task_queue = %self.queue,
+                        "waiting for memory before polling");
                     waiting_since = Some(Instant::now());
                 }
                 Err(_) => {}
@@ -224,9 +228,9 @@ impl SlotSupplier for LaneSlots {
 
     fn mark_slot_used(&self, ctx: &dyn SlotMarkUsedContext<SlotKind = Self::SlotKind>) {
         let activity = &ctx.info().activity_type;
-        self.budget
-            .metrics
-            .permit_used(&self.budget.uuid, &self.queue, activity);
+        if let BudgetOf::Card(uuid) = &self.budget.of {
+            self.budget.metrics.permit_used(uuid, &self.queue, activity);
+        }
         if let Some(held) = ctx.permit().user_data::<Held>() {
             if held.idle.swap(false, Ordering::AcqRel) {
                 let bytes = self.budget.waiting_cost(std::slice::from_ref(activity));
@@ -255,6 +259,9 @@ impl SlotSupplier for LaneSlots {
     }
 
     fn slot_supplier_kind(&self) -> String {
-        format!("gpulane-vram({})", self.budget.uuid)
+        match &self.budget.of {
+            BudgetOf::Card(uuid) => format!("gpulane-vram({uuid})"),
+            BudgetOf::Host => "gpulane-host-memory".to_owned(),
+        }
     }
 }

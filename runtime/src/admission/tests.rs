@@ -14,10 +14,10 @@ use temporalio_sdk_core::{
 use super::*;
 use crate::devices::{DeviceInventory, SimulatedInventory};
 
-const GIB: u64 = 1 << 30;
-const MIB: u64 = 1 << 20;
+pub(super) const GIB: u64 = 1 << 30;
+pub(super) const MIB: u64 = 1 << 20;
 
-struct Reserve;
+pub(super) struct Reserve;
 impl SlotReservationContext for Reserve {
     fn task_queue(&self) -> &str {
         "q"
@@ -36,7 +36,7 @@ impl SlotReservationContext for Reserve {
     }
 }
 
-struct Used(SlotSupplierPermit, ActivitySlotInfo);
+pub(super) struct Used(SlotSupplierPermit, ActivitySlotInfo);
 impl SlotMarkUsedContext for Used {
     type SlotKind = ActivitySlotKind;
     fn permit(&self) -> &SlotSupplierPermit {
@@ -59,21 +59,21 @@ impl SlotReleaseContext for Release {
 }
 
 /// An engine whose pending rows the test sets.
-struct FakeEngine {
+pub(super) struct FakeEngine {
     rows: Arc<AtomicUsize>,
 }
 
 impl FakeEngine {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             rows: Arc::default(),
         }
     }
-    fn busy(&self, busy: bool) {
+    pub(super) fn busy(&self, busy: bool) {
         self.rows
             .store(usize::from(busy), std::sync::atomic::Ordering::Relaxed);
     }
-    fn cost(&self, model: &str, working: u64) -> EngineCost {
+    pub(super) fn cost(&self, model: &str, working: u64) -> EngineCost {
         EngineCost {
             model: model.to_owned(),
             serves: vec!["embed".to_owned()],
@@ -83,41 +83,52 @@ impl FakeEngine {
     }
 }
 
-fn options(cap: usize, headroom: u64, weights: u64, engines: Vec<EngineCost>) -> BudgetOptions {
+pub(super) fn options(
+    cap: usize,
+    headroom: u64,
+    weights: u64,
+    engines: Vec<EngineCost>,
+) -> BudgetOptions {
     BudgetOptions {
         headroom,
         cap,
         weights,
+        reserve: 0,
         weights_in_reading: true,
         engines,
         waiting_rows: HashMap::from([("embed".to_owned(), MIB)]),
     }
 }
 
-fn budget(total: u64, opts: BudgetOptions) -> Arc<CardBudget> {
-    CardBudget::new("GPU-T", total, opts, Arc::default())
+fn budget(total: u64, opts: BudgetOptions) -> Arc<MemoryBudget> {
+    MemoryBudget::new(
+        BudgetOf::Card("GPU-T".to_owned()),
+        total,
+        opts,
+        Arc::default(),
+    )
 }
 
-fn info(activity: &str) -> ActivitySlotInfo {
+pub(super) fn info(activity: &str) -> ActivitySlotInfo {
     ActivitySlotInfo {
         activity_type: activity.to_owned(),
     }
 }
 
 /// A poll of `lane` that receives an `embed` task.
-fn task(lane: &LaneSlots) -> Option<Used> {
+pub(super) fn task(lane: &LaneSlots) -> Option<Used> {
     let p = lane.try_reserve_slot(&Reserve)?;
     let u = Used(p, info("embed"));
     lane.mark_slot_used(&u);
     Some(u)
 }
 
-fn end(lane: &LaneSlots, u: Used) {
+pub(super) fn end(lane: &LaneSlots, u: Used) {
     lane.release_slot(&Release(u.0, Some(u.1)));
 }
 
 /// Tasks `lane` takes one after the other (each poll receiving a task) until refused.
-fn fill(lane: &LaneSlots, most: usize) -> Vec<Used> {
+pub(super) fn fill(lane: &LaneSlots, most: usize) -> Vec<Used> {
     std::iter::from_fn(|| task(lane)).take(most).collect()
 }
 
@@ -208,7 +219,7 @@ async fn a_16_gib_card_admits_what_its_engines_really_hold() {
     let inv = SimulatedInventory::new(1, 16 * GIB, Some("t")).with_memory_file(Some(file.clone()));
     let uuid = "GPU-SIM-t-0";
     let card = inv.engine_memory(uuid).unwrap();
-    let read = |b: &CardBudget| b.set_reading(inv.free_memory(uuid), inv.own_usage(uuid));
+    let read = |b: &MemoryBudget| b.set_reading(inv.free_memory(uuid), inv.own_usage(uuid));
     let headroom = 16 * GIB / 20;
 
     // MiniLM-sized: 90 MB of weights, a 200 MB working set: the card admits its cap.
@@ -429,7 +440,11 @@ async fn out_of_memory_raises_the_estimate_and_successes_lower_it_again() {
     for _ in 0..10 {
         b.record_oom("embed", None);
     }
-    assert_eq!(b.estimate("m"), Some(8 * GIB), "never above the card");
+    assert_eq!(
+        b.estimate("m"),
+        Some(8 * GIB - MIB),
+        "never past the card less one task's rows"
+    );
     assert_eq!(b.would_admit("embed"), Ok(0), "8 GiB do not fit in 5");
     let mut seen = vec![b.estimate("m").unwrap()];
     for _ in 0..(DECAY_AFTER as usize * 12) {
@@ -443,7 +458,7 @@ async fn out_of_memory_raises_the_estimate_and_successes_lower_it_again() {
     );
     assert!(seen.windows(2).all(|w| w[1] <= w[0]), "only ever lowered");
     assert!(
-        seen.iter().filter(|&&v| v == 8 * GIB).count() >= DECAY_AFTER as usize,
+        seen.iter().filter(|&&v| v == 8 * GIB - MIB).count() >= DECAY_AFTER as usize,
         "not at once"
     );
     assert_eq!(b.would_admit("embed"), Ok(8));
@@ -562,4 +577,19 @@ async fn a_closed_gate_opens_no_poll_and_settles_when_its_polls_are_back() {
         1
     );
     assert_eq!(t.elapsed(), Duration::from_secs(1));
+}
+
+/// Regression (issue 14): out-of-memory errors raised an estimate up to everything the
+/// device could give, so one task's rows no longer fitted beside it: nothing was admitted
+/// again, and with no task succeeding the estimate never came down.
+#[tokio::test(start_paused = true)]
+async fn repeated_out_of_memory_still_leaves_room_for_one_task() {
+    let e = FakeEngine::new();
+    let b = budget(GIB, options(8, 0, 0, vec![e.cost("m", 100 * MIB)]));
+    b.set_reading(Ok(GIB), Some(0));
+    for _ in 0..20 {
+        b.record_oom("embed", Some("m"));
+    }
+    assert_eq!(b.estimate("m"), Some(GIB - MIB), "raised to the ceiling");
+    assert_eq!(b.would_admit("embed"), Ok(1), "one task still fits");
 }

@@ -1,20 +1,23 @@
-//! The machine's GPUs, behind one narrow trait so the rest of the runtime (lanes, slot
-//! suppliers, metrics) never knows whether NVML or a simulation answers. NVML is read
-//! through `nvml-wrapper`, which loads `libnvidia-ml.so` at run time: a machine without
-//! it, or without cards, is normal and serves the CPU lane.
+//! The machine's GPUs and host memory, each behind one narrow trait so the rest of the
+//! runtime (lanes, slot suppliers, metrics) never knows whether NVML, `sysinfo` or a
+//! simulation answers. NVML is read through `nvml-wrapper`, which loads
+//! `libnvidia-ml.so` at run time: a machine without it, or without cards, is normal and
+//! serves the CPU lane.
 
 use std::sync::Arc;
 
 use gpulane_models::DeviceMemory;
 
 mod cuda;
+mod host;
 mod nvml;
 mod simulated;
 mod visible;
 
 pub(crate) use cuda::check_cuda_ordinal;
+pub(crate) use host::{HostMemory, SysinfoHost};
 pub(crate) use nvml::NvmlInventory;
-pub(crate) use simulated::{parse_simulate_spec, SimulatedInventory};
+pub(crate) use simulated::{parse_simulate_spec, SimulatedHost, SimulatedInventory};
 pub(crate) use visible::filter_visible;
 
 /// One GPU as the runtime sees it, keyed by UUID.
@@ -79,6 +82,10 @@ pub enum DeviceError {
         /// What is wrong.
         reason: String,
     },
+    /// The host's memory figures could not be read. Retryable: the CPU lanes admit
+    /// nothing until a reading succeeds.
+    #[error("host memory: {0}")]
+    HostMemory(String),
     /// A `--simulate-gpus` value that does not parse. Not retryable: fix the flag.
     #[error("--simulate-gpus {spec:?}: {reason}")]
     BadSimulation {

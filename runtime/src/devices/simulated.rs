@@ -4,7 +4,7 @@
 
 use std::{
     collections::HashMap,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -48,13 +48,15 @@ enum Scripted {
     Fail(String),
 }
 
-/// What one simulated card holds: this process's use (the weights loaded on it and the
+/// What one simulated card (or the simulated host) holds: this process's use (the weights loaded on it and the
 /// working memory of forward passes while they run, told by the engines), and what the
 /// memory file leaves to it (the rest is another tenant's). A pass that would take the
 /// card past its total fails as out of memory, as CUDA's allocator would, so a test can
 /// check admission against what engines really hold.
 pub(crate) struct SimulatedCard {
     uuid: String,
+    /// `card <uuid>`, or `host`, for out-of-memory messages.
+    label: String,
     total: u64,
     own: AtomicU64,
     /// Bytes other tenants hold, from the last memory-file reading.
@@ -66,6 +68,11 @@ pub(crate) struct SimulatedCard {
 impl SimulatedCard {
     fn new(uuid: String, total: u64) -> Self {
         Self {
+            label: if uuid == "host" {
+                uuid.clone()
+            } else {
+                format!("card {uuid}")
+            },
             uuid,
             total,
             own: AtomicU64::new(0),
@@ -90,9 +97,9 @@ impl DeviceMemory for SimulatedCard {
             let want = own.saturating_add(bytes);
             if want > room {
                 return Err(format!(
-                    "simulated card {} out of memory: {bytes} bytes asked with {own} held by this \
+                    "simulated {} out of memory: {bytes} bytes asked with {own} held by this \
                      worker and {others} by other tenants, of {}",
-                    self.uuid, self.total
+                    self.label, self.total
                 ));
             }
             match self
@@ -192,31 +199,89 @@ impl SimulatedInventory {
 
     /// Bytes other tenants leave free on `dev`, from the memory file.
     fn left_by_others(&self, dev: &GpuDevice) -> Result<u64, DeviceError> {
-        let Some(path) = &self.memory_file else {
-            return Ok(dev.total_memory);
-        };
-        let bad = |reason: String| DeviceError::SimulationFile {
-            path: path.clone(),
-            reason,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let map: HashMap<String, Scripted> = serde_json::from_str(&text).map_err(|e| {
-            bad(format!(
-                "{e}; expected an object of index to free bytes (or \"fail\"), like {{\"0\": 0}}"
-            ))
-        })?;
-        match map.get(&dev.index.to_string()) {
-            None => Ok(dev.total_memory),
-            Some(Scripted::Free(b)) => Ok((*b).min(dev.total_memory)),
-            Some(Scripted::Fail(word)) if word == "fail" => Err(bad(format!(
-                "card {} is scripted to fail its readings",
-                dev.index
-            ))),
-            Some(Scripted::Fail(word)) => Err(bad(format!(
-                "card {}: {word:?} is neither free bytes nor \"fail\"",
-                dev.index
-            ))),
+        left_by_others(
+            self.memory_file.as_deref(),
+            &dev.index.to_string(),
+            dev.total_memory,
+        )
+    }
+}
+
+/// Bytes other tenants leave free of `total` on the card (its index) or host (`host`)
+/// named `key` in the memory file; all of it without a file or a line for `key`.
+fn left_by_others(path: Option<&Path>, key: &str, total: u64) -> Result<u64, DeviceError> {
+    let Some(path) = path else {
+        return Ok(total);
+    };
+    let bad = |reason: String| DeviceError::SimulationFile {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let map: HashMap<String, Scripted> = serde_json::from_str(&text).map_err(|e| {
+        bad(format!(
+            "{e}; expected an object of a card's index (or \"host\") to free bytes (or \"fail\"), like {{\"0\": 0}}"
+        ))
+    })?;
+    match map.get(key) {
+        None => Ok(total),
+        Some(Scripted::Free(b)) => Ok((*b).min(total)),
+        Some(Scripted::Fail(word)) if word == "fail" => {
+            Err(bad(format!("{key:?} is scripted to fail its readings")))
         }
+        Some(Scripted::Fail(word)) => Err(bad(format!(
+            "{key:?}: {word:?} is neither free bytes nor \"fail\""
+        ))),
+    }
+}
+
+/// A host of declared memory (`--simulated-host-memory`), for tests and demos of the CPU
+/// lanes' admission: it accounts what this process's engines and tokenizations tell it,
+/// as a simulated card does, and refuses what would not fit. Other tenants are scripted by
+/// the memory file's `"host"` line.
+pub(crate) struct SimulatedHost {
+    memory: Arc<SimulatedCard>,
+    memory_file: Option<PathBuf>,
+}
+
+impl SimulatedHost {
+    /// A host of `total` bytes; `memory_file` as for simulated cards, keyed `"host"`.
+    pub(crate) fn new(total: u64, memory_file: Option<PathBuf>) -> Self {
+        Self {
+            memory: Arc::new(SimulatedCard::new("host".to_owned(), total)),
+            memory_file,
+        }
+    }
+
+    /// The most this process has held at once.
+    #[cfg(test)]
+    pub(crate) fn peak(&self) -> u64 {
+        self.memory.peak()
+    }
+}
+
+impl super::HostMemory for SimulatedHost {
+    fn source(&self) -> &'static str {
+        "simulated"
+    }
+
+    fn total(&self) -> u64 {
+        self.memory.total
+    }
+
+    fn available(&self) -> Result<u64, DeviceError> {
+        let total = self.memory.total;
+        let left = left_by_others(self.memory_file.as_deref(), "host", total)?;
+        self.memory.others.store(total - left, Ordering::Relaxed);
+        Ok(left.saturating_sub(self.memory.own.load(Ordering::Relaxed)))
+    }
+
+    fn own_usage(&self) -> Option<u64> {
+        Some(self.memory.own.load(Ordering::Relaxed))
+    }
+
+    fn engine_memory(&self) -> Option<Arc<dyn DeviceMemory>> {
+        Some(self.memory.clone() as Arc<dyn DeviceMemory>)
     }
 }
 

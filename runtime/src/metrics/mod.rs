@@ -88,6 +88,11 @@ pub(crate) struct Metrics {
     gpu_free: GaugeVec,
     gpu_reserved: GaugeVec,
     gpu_admitting: IntGaugeVec,
+    host_total: prometheus::Gauge,
+    host_available: prometheus::Gauge,
+    host_reserved: prometheus::Gauge,
+    host_admitting: IntGauge,
+    host_memory_wait: prometheus::CounterVec,
     permits_issued: IntCounterVec,
     permits_used: IntCounterVec,
     memory_wait: prometheus::CounterVec,
@@ -139,6 +144,12 @@ impl Default for Metrics {
                 GaugeVec::new(opts(name, help), labels).expect("valid gauge"),
             )
         };
+        let plain_gauge = |name, help| {
+            register(
+                &r,
+                prometheus::Gauge::with_opts(opts(name, help)).expect("valid gauge"),
+            )
+        };
         let int_gauge = |name, help, labels: &[&str]| {
             register(
                 &r,
@@ -184,6 +195,31 @@ impl Default for Metrics {
                 "gpulane_gpu_admitting",
                 "1 while the card admits work, 0 while its memory reading fails.",
                 &[GPU_UUID],
+            ),
+            host_total: plain_gauge(
+                "gpulane_host_memory_total_bytes",
+                "Memory the CPU lanes admit within: the host's, or its cgroup's limit when lower, bytes.",
+            ),
+            host_available: plain_gauge(
+                "gpulane_host_memory_available_bytes",
+                "Host memory available without swapping (MemAvailable, within the cgroup's limit) at the last reading, bytes.",
+            ),
+            host_reserved: plain_gauge(
+                "gpulane_host_memory_reserved_bytes",
+                "Host memory promised to the CPU lanes' running tasks (busy engines' working sets and waiting inputs), bytes.",
+            ),
+            host_admitting: register(
+                &r,
+                IntGauge::with_opts(opts(
+                    "gpulane_host_admitting",
+                    "1 while the CPU lanes admit work, 0 while the host's memory reading fails.",
+                ))
+                .expect("valid gauge"),
+            ),
+            host_memory_wait: float_counter(
+                "gpulane_host_memory_wait_seconds_total",
+                "Seconds CPU lanes spent waiting for host memory before polling.",
+                &[TASK_QUEUE],
             ),
             permits_issued: counter(
                 "gpulane_permits_issued_total",
@@ -299,6 +335,23 @@ impl Metrics {
         self.gpu_admitting
             .with_label_values(&l)
             .set(i64::from(free.is_some()));
+    }
+
+    /// The host's memory picture, as the CPU lanes' budget sees it.
+    pub(crate) fn host_memory(&self, total: u64, available: Option<u64>, reserved: u64) {
+        self.host_total.set(total as f64);
+        if let Some(a) = available {
+            self.host_available.set(a as f64);
+        }
+        self.host_reserved.set(reserved as f64);
+        self.host_admitting.set(i64::from(available.is_some()));
+    }
+
+    /// A CPU lane waited `secs` for host memory.
+    pub(crate) fn host_memory_wait(&self, queue: &str, secs: f64) {
+        self.host_memory_wait
+            .with_label_values(&[queue])
+            .inc_by(secs);
     }
 
     /// A permit was issued to a lane.

@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 use super::Event;
 use crate::{
-    admission::{CardBudget, CpuPool, PollGate},
+    admission::{MemoryBudget, PollGate},
     lanes::LaneKind,
     metrics::Metrics,
     settings::Settings,
@@ -83,8 +83,7 @@ pub(super) struct WorkerDeps<'a> {
     pub settings: &'a Settings,
     pub metrics: &'a Arc<Metrics>,
     pub activities: &'a gpulane_activities::DeviceActivities,
-    pub budget: Option<&'a Arc<CardBudget>>,
-    pub cpu_pool: &'a Arc<CpuPool>,
+    pub budget: &'a Arc<MemoryBudget>,
     pub events: &'a UnboundedSender<Event>,
 }
 
@@ -102,36 +101,22 @@ impl LaneRt {
                 queue: queue.clone(),
                 source,
             };
-        // A card lane's supplier joins the card's turn-taking as it is made; if the
-        // worker then fails to start, it leaves again.
-        let mut supplier = None;
-        let (slots, gate): (
-            Arc<dyn SlotSupplier<SlotKind = ActivitySlotKind> + Send + Sync>,
-            _,
-        ) = match d.budget {
-            Some(b) => {
-                // A model lane's tasks can only use its model's engine.
-                let model = match &self.route {
-                    gpulane_activities::Route::Model { model, .. } => Some(model.as_str()),
-                    _ => None,
-                };
-                let slots = b.lane(
-                    &self.queue,
-                    &gpulane_activities::DeviceActivities::activity_types(),
-                    model,
-                );
-                supplier = Some(slots.id());
-                let gate = slots.gate();
-                (Arc::new(slots), gate)
-            }
-            // Every CPU lane (the model ones too) draws on one pool of
-            // --max-concurrent-cpu slots.
-            None => {
-                let slots = d.cpu_pool.lane();
-                let gate = slots.gate();
-                (Arc::new(slots), gate)
-            }
+        // A lane's supplier joins its device's turn-taking (a card's, or the host's for
+        // every CPU lane) as it is made; if the worker then fails to start, it leaves
+        // again. A model lane's tasks can only use its model's engine.
+        let model = match &self.route {
+            gpulane_activities::Route::Model { model, .. } => Some(model.as_str()),
+            _ => None,
         };
+        let lane_slots = d.budget.lane(
+            &self.queue,
+            &gpulane_activities::DeviceActivities::activity_types(),
+            model,
+        );
+        let supplier = Some(lane_slots.id());
+        let gate = lane_slots.gate();
+        let slots: Arc<dyn SlotSupplier<SlotKind = ActivitySlotKind> + Send + Sync> =
+            Arc::new(lane_slots);
         let tuner: Arc<dyn WorkerTuner + Send + Sync> = Arc::new(
             TunerHolderOptions::builder()
                 .activity_slot_options(SlotSupplierOptions::Custom(slots))
@@ -141,8 +126,8 @@ impl LaneRt {
         let worker = match self.new_worker(&d, tuner).await {
             Ok(w) => Arc::new(w),
             Err(e) => {
-                if let (Some(b), Some(id)) = (d.budget, supplier) {
-                    b.supplier_stopped(id);
+                if let Some(id) = supplier {
+                    d.budget.supplier_stopped(id);
                 }
                 return Err(worker_error(e));
             }
@@ -162,7 +147,7 @@ impl LaneRt {
             activities: d.activities.clone(),
             queue: self.queue.clone(),
             route: self.route.clone(),
-            budget: d.budget.cloned(),
+            budget: d.budget.clone(),
             metrics: d.metrics.clone(),
             running: self.running.clone(),
         };
@@ -257,7 +242,7 @@ impl LaneRt {
     /// polls come back (a task arriving on one runs), and only then, or once no task has
     /// arrived for [`POLL_QUIET`] (an idle queue's polls would hold for a minute), does the
     /// worker shut down.
-    pub(super) fn stop(&mut self, metrics: &Metrics, device: &str, budget: Option<&CardBudget>) {
+    pub(super) fn stop(&mut self, metrics: &Metrics, device: &str, budget: &MemoryBudget) {
         if self.state != LaneState::Polling {
             return;
         }
@@ -290,9 +275,9 @@ impl LaneRt {
     }
 
     /// The lane no longer takes turns for its card's permits.
-    pub(super) fn leave_turns(&mut self, budget: Option<&CardBudget>) {
-        if let (Some(b), Some(id)) = (budget, self.supplier.take()) {
-            b.supplier_stopped(id);
+    pub(super) fn leave_turns(&mut self, budget: &MemoryBudget) {
+        if let Some(id) = self.supplier.take() {
+            budget.supplier_stopped(id);
         }
     }
 }

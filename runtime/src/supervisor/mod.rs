@@ -38,7 +38,7 @@ use tokio::{
 
 use self::lane::{LaneRt, LaneState, WorkerDeps};
 use crate::{
-    admission::{refresh, CardBudget, CpuPool},
+    admission::{refresh, MemoryBudget},
     config::RunArgs,
     devices::DeviceInventory,
     health::Health,
@@ -46,7 +46,9 @@ use crate::{
     metrics::Metrics,
     registry::ModelSpec,
     settings::Settings,
-    startup::{check_cards, inventory, load_device, resolve_models, BrokenCard, DeviceSetup},
+    startup::{
+        check_cards, host, inventory, load_device, resolve_models, BrokenCard, DeviceSetup, Host,
+    },
     temporal, RuntimeError,
 };
 
@@ -167,10 +169,8 @@ struct Supervisor {
     connection: Connection,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
-    /// The CPU lanes' shared fixed pool of slots.
-    cpu_pool: Arc<CpuPool>,
-    /// Every card's budget, read by the memory refresh.
-    cards: Arc<Mutex<Vec<Arc<CardBudget>>>>,
+    /// Every device's budget (the cards', the host's), read by the memory refresh.
+    budgets: Arc<Mutex<Vec<Arc<MemoryBudget>>>>,
     devices: Vec<Device>,
     broken: Vec<BrokenCard>,
     lanes: Vec<LaneRt>,
@@ -190,6 +190,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     let settings = Arc::new(Settings::from_args(&args)?);
     let models = Arc::new(resolve_models(&args.models, settings.model_queues).await?);
     let inv = inventory(&settings.devices)?;
+    let host = host(&settings.devices)?;
     let plans = plan(
         &settings.devices.host,
         inv.devices(),
@@ -220,11 +221,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     // serve what it declares must not take tasks.
     let setups = {
         let (settings, models, metrics) = (settings.clone(), models.clone(), metrics.clone());
-        let inv = inv.clone();
+        let (inv, host) = (inv.clone(), host.clone());
         tokio::task::spawn_blocking(move || {
             plans
                 .into_iter()
-                .map(|p| load_device(p, &models, &settings, &metrics, &*inv))
+                .map(|p| load_device(p, &models, &settings, &metrics, &*inv, &host))
                 .collect::<Result<Vec<_>, _>>()
         })
         .await
@@ -248,21 +249,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     )
     .map_err(|e| RuntimeError::Config(format!("starting sdk-core: {e}")))?;
 
-    // The CPU lanes share one fixed pool of --max-concurrent-cpu slots. Not core's
-    // resource-based tuner: it stops issuing slots while CPU use is over its target, and
-    // a CPU inference worker keeps the CPU busy by design, so it starved the engine of
-    // the concurrent activities it batches. Waiting activities cost little memory: they
-    // hold token ids, not activations.
-    let cpu_pool = CpuPool::new(settings.max_concurrent_cpu);
-
     let mut sup = Supervisor {
         settings: settings.clone(),
         core,
         connection: connection.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
-        cpu_pool,
-        cards: Arc::default(),
+        budgets: Arc::default(),
         devices: Vec::new(),
         broken,
         lanes: Vec::new(),
@@ -284,9 +277,14 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
         namespace: settings.temporal.namespace.clone(),
     })?;
     sup.guard(
-        "the card memory refresh",
+        "the memory refresh",
         true,
-        refresh(sup.cards.clone(), inv.clone(), settings.memory_refresh),
+        refresh(
+            sup.budgets.clone(),
+            inv.clone(),
+            host.memory.clone(),
+            settings.memory_refresh,
+        ),
     );
     sup.guard(
         "the health checks",
@@ -300,6 +298,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
             retry_cards(
                 sup.broken.clone(),
                 inv.clone(),
+                host.clone(),
                 models.clone(),
                 settings.clone(),
                 metrics.clone(),
@@ -381,6 +380,7 @@ fn spawn_signals(events: mpsc::UnboundedSender<Event>) {
 async fn retry_cards(
     mut broken: Vec<BrokenCard>,
     inv: Arc<dyn DeviceInventory>,
+    host: Host,
     models: Arc<Vec<ModelSpec>>,
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
@@ -408,15 +408,16 @@ async fn retry_cards(
                 Err(e) => Err(e.to_string()),
                 Ok(g) => {
                     card.plan.gpu = Some(g);
-                    let (plan, models, settings, metrics, inv) = (
+                    let (plan, models, settings, metrics, inv, host) = (
                         card.plan.clone(),
                         models.clone(),
                         settings.clone(),
                         metrics.clone(),
                         inv.clone(),
+                        host.clone(),
                     );
                     tokio::task::spawn_blocking(move || {
-                        load_device(plan, &models, &settings, &metrics, &*inv)
+                        load_device(plan, &models, &settings, &metrics, &*inv, &host)
                     })
                     .await
                     .expect("loading models panicked; this is a bug")
@@ -478,18 +479,17 @@ impl Supervisor {
                 });
             });
         }
-        if let Some(b) = &setup.budget {
-            // Every lane of the card counts before the first one polls, so the first
-            // lane to start does not take every permit.
-            for l in &setup.lanes {
-                b.expect_lane(&l.queue);
-            }
-            self.health.watch_card(b.clone());
-            self.cards
-                .lock()
-                .expect("card list lock poisoned; this is a bug")
-                .push(b.clone());
+        // Every lane of the device counts before the first one polls, so the first lane
+        // to start does not take every permit.
+        let b = &setup.budget;
+        for l in &setup.lanes {
+            b.expect_lane(&l.queue);
         }
+        self.health.watch_budget(b.clone());
+        self.budgets
+            .lock()
+            .expect("budget list lock poisoned; this is a bug")
+            .push(b.clone());
         for l in &setup.lanes {
             self.lanes.push(LaneRt {
                 identity: format!("{}/{id}/{}", self.settings.identity, l.queue),
@@ -521,8 +521,7 @@ impl Supervisor {
             settings: &self.settings,
             metrics: &self.metrics,
             activities: &device.setup.activities,
-            budget: device.setup.budget.as_ref(),
-            cpu_pool: &self.cpu_pool,
+            budget: &device.setup.budget,
             events: &self.events,
         };
         self.lanes[i].start(i, deps).await?;
@@ -532,7 +531,7 @@ impl Supervisor {
 
     fn stop_lane(&mut self, i: usize) {
         let device = &self.devices[self.lanes[i].device];
-        self.lanes[i].stop(&self.metrics, device.id(), device.setup.budget.as_deref());
+        self.lanes[i].stop(&self.metrics, device.id(), &device.setup.budget);
     }
 
     /// The lanes of `device`, optionally without its private one.
@@ -689,7 +688,7 @@ impl Supervisor {
                 format!("lane {} stopped polling on its own", l.queue)
             }
         };
-        l.leave_turns(budget.as_deref());
+        l.leave_turns(&budget);
         self.metrics.lane_polling(&l.queue, &id, false);
         self.fail(why);
     }

@@ -32,8 +32,8 @@ impl Supervisor {
                     }
                     .to_owned(),
                     error: d.failed.clone().unwrap_or_default(),
-                    budget: d.setup.budget.as_ref().map(|b| {
-                        let s = b.snapshot();
+                    budget: Some({
+                        let s = d.setup.budget.snapshot();
                         admin::Budget {
                             total_bytes: s.total,
                             free_bytes: s.free.as_ref().ok().copied(),
@@ -49,6 +49,7 @@ impl Supervisor {
                             others_bytes: s.others,
                             idle_polls: s.idle_polls as u32,
                             waiting_rows_bytes: s.waiting_rows.into_iter().collect(),
+                            reserve_bytes: s.reserve,
                         }
                     }),
                 }
