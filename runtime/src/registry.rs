@@ -35,7 +35,7 @@ pub(crate) struct ModelDecl {
     pub name: Option<String>,
     /// A directory, or a Hugging Face repo id (`org/name`).
     pub source: String,
-    /// `f32` (default), `f16` or `bf16`. CPU lanes always run f32.
+    /// On cards: `f16` (default), `f32` or `bf16`. CPU lanes always run f32.
     #[serde(default)]
     pub dtype: Option<String>,
     /// Which lanes serve it: `gpu`, `cpu` (default both).
@@ -66,6 +66,7 @@ pub(crate) struct ModelSpec {
     pub name: String,
     pub source: String,
     pub path: PathBuf,
+    /// What it computes in on a card; the CPU always computes in f32.
     pub dtype: DType,
     pub on_gpu: bool,
     pub on_cpu: bool,
@@ -238,7 +239,10 @@ pub(crate) async fn resolve(
                 d.name.as_deref().unwrap_or(&d.source)
             ))
         };
-        let dtype = match d.dtype.as_deref().unwrap_or("f32") {
+        // f16 on cards by default, as TEI and most sentence-transformers GPU users run
+        // them: half the memory, and the tensor cores (gpu-check.sh measures its agreement
+        // with f32 on a card).
+        let dtype = match d.dtype.as_deref().unwrap_or("f16") {
             "f32" => DType::F32,
             "f16" => DType::F16,
             "bf16" => DType::BF16,

@@ -28,11 +28,16 @@ pub(crate) async fn print_models(args: &ModelArgs) -> Result<(), RuntimeError> {
             _ => "cpu",
         };
         let id = engine.kind().identity();
+        // The CPU always computes in f32; cards in the declared dtype.
+        let dtype = match (m.on_gpu, m.on_cpu) {
+            (true, true) => format!("gpu {} cpu f32", m.dtype.as_str()),
+            (true, false) => m.dtype.as_str().to_owned(),
+            _ => "f32".to_owned(),
+        };
         let common = format!(
             "{arch}  family {family}  dtype {dtype}  revision {rev}",
             arch = id.architecture,
             family = id.family.as_str(),
-            dtype = m.dtype.as_str(),
             rev = id.revision,
         );
         match engine.kind() {

@@ -34,7 +34,8 @@ def test_models_lists_family_dtype_revision_pooling_dimensions_and_length():
     lines = {line.split()[0]: line for line in out.stdout.splitlines()}
     for name, (folder, family, pooling, dims) in MODELS.items():
         line = lines[name]
-        assert f"family {family}" in line and "dtype f32" in line, line
+        # Declared without a dtype: f16 on cards (the default), f32 on the CPU as always.
+        assert f"family {family}" in line and "dtype gpu f16 cpu f32" in line, line
         assert "revision sha256:" in line, line
         assert f"pooling {pooling}" in line and f"dimensions {dims}" in line, line
         assert f"max length {reference(folder)['max_seq_length']}" in line, line

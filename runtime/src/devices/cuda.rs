@@ -10,44 +10,26 @@
 //! with the `cuda` feature each card's ordinal is asked for its UUID through the driver
 //! before an engine is loaded on it, and a mismatch stops the worker.
 //!
-//! The driver is called directly (`cuDeviceGetUuid_v2`): the same `libcuda` that candle's
-//! cudarc links, so this adds no dependency.
+//! The driver is asked through cudarc, the binding candle itself uses (same version and
+//! features, so it is built once), rather than through FFI of our own.
 
 use super::{DeviceError, GpuDevice};
 
 #[cfg(feature = "cuda")]
 mod driver {
-    use std::ffi::c_int;
+    use cudarc::driver::result;
 
-    #[link(name = "cuda")]
-    extern "C" {
-        fn cuInit(flags: u32) -> c_int;
-        fn cuDeviceGet(device: *mut c_int, ordinal: c_int) -> c_int;
-        fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: c_int) -> c_int;
-    }
-
-    /// The 16 UUID bytes of the card CUDA numbers `ordinal`, or the driver's error code.
+    /// The 16 UUID bytes of the card CUDA numbers `ordinal`, or what the driver said.
     pub(super) fn uuid_bytes(ordinal: usize) -> Result<[u8; 16], String> {
-        let ordinal = c_int::try_from(ordinal).map_err(|_| format!("ordinal {ordinal}"))?;
-        // SAFETY: plain driver calls with pointers to live, correctly sized locals;
+        let ordinal = i32::try_from(ordinal).map_err(|_| format!("ordinal {ordinal}"))?;
         // cuInit may be called any number of times, from any thread.
-        unsafe {
-            let rc = cuInit(0);
-            if rc != 0 {
-                return Err(format!("cuInit: CUDA error {rc}"));
-            }
-            let mut dev: c_int = 0;
-            let rc = cuDeviceGet(&mut dev, ordinal);
-            if rc != 0 {
-                return Err(format!("cuDeviceGet({ordinal}): CUDA error {rc}"));
-            }
-            let mut uuid = [0u8; 16];
-            let rc = cuDeviceGetUuid_v2(&mut uuid, dev);
-            if rc != 0 {
-                return Err(format!("cuDeviceGetUuid_v2({ordinal}): CUDA error {rc}"));
-            }
-            Ok(uuid)
-        }
+        result::init().map_err(|e| format!("cuInit: {e}"))?;
+        let dev =
+            result::device::get(ordinal).map_err(|e| format!("cuDeviceGet({ordinal}): {e}"))?;
+        let uuid = result::device::get_uuid(dev)
+            .map_err(|e| format!("cuDeviceGetUuid({ordinal}): {e}"))?;
+        // c_char is i8 on x86-64 and u8 on aarch64: the same bits either way.
+        Ok(uuid.bytes.map(|b| b as u8))
     }
 }
 
