@@ -1,5 +1,7 @@
 //! One batch's rows laid out for a forward pass, and its attention: the fused packed
-//! kernel on the CPU in f32, a padded `[B, heads, T, T]` path everywhere else.
+//! kernel on the CPU in f32; everywhere else (CUDA, f16, bf16) a padded `[b, heads, t, t]`
+//! path per *length group*, so that one long row does not pad every short one to its
+//! length.
 
 use std::cell::OnceCell;
 
@@ -35,23 +37,61 @@ enum Extra {
     Relative,
 }
 
-/// Off the fused CPU path, attention gathers padded `[B, T]` from packed rows and
-/// scatters back; padded slots read a real row (the row's last) and are masked out of
-/// the softmax. Where padding sits in a row does not matter to the result: a padded slot
-/// is never a key anyone sees, and its own output is dropped by the scatter, so rows are
-/// padded on the right even for decoders (whose reference pads left), with positions
+/// Padding a group's rows may add, as a share of their real tokens, before a shorter row
+/// starts a group of its own. Each group costs its own kernel launches per layer, so
+/// rows of near lengths (a length-sorted batch usually is one group) stay together.
+const GROUP_SLACK: f64 = 0.25;
+
+/// Off the fused CPU path, attention runs per length group: each gathers its rows into a
+/// padded `[b, t]` from the packed ones, and one scatter takes every group's real tokens
+/// back to packed order. Padded slots read a real row (the row's last) and are masked out
+/// of the softmax. Where padding sits in a row does not matter to the result: a padded
+/// slot is never a key anyone sees, and its own output is dropped by the scatter, so rows
+/// are padded on the right even for decoders (whose reference pads left), with positions
 /// counted from each row's first real token.
 struct Padding {
+    groups: Vec<Group>,
+    /// `[N]`: for each packed token, its place in the groups' padded outputs laid end to
+    /// end.
+    scatter: Tensor,
+}
+
+/// Rows of near length, padded to the longest of them.
+struct Group {
     b: usize,
     t: usize,
+    /// `[b·t]` packed token indices.
     gather: Tensor,
-    scatter: Tensor,
-    /// `[B, 1, 1, T]` in the model's dtype: 0 for real keys, −∞ for padding.
+    /// `[b, 1, 1, t]` in the model's dtype: 0 for real keys, −∞ for padding.
     mask: Tensor,
     /// `mask` plus the term of a sliding window, causal or relative mask: built by the
     /// first layer of a batch that needs it and reused by the others (every local layer
     /// of a model has the same window).
     extra: OnceCell<(Extra, Tensor)>,
+}
+
+/// Splits rows of `lens` into groups of near length: longest first, a row joins the
+/// current group while padding every row to the group's longest adds at most
+/// [`GROUP_SLACK`] of the group's real tokens. Each group lists its rows, longest first.
+fn length_groups(lens: &[usize]) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut real = 0;
+    for i in order {
+        if let Some(g) = groups.last_mut() {
+            let t = lens[g[0]];
+            let padded = t * (g.len() + 1);
+            if padded as f64 <= (real + lens[i]) as f64 * (1.0 + GROUP_SLACK) {
+                g.push(i);
+                real += lens[i];
+                continue;
+            }
+        }
+        groups.push(vec![i]);
+        real = lens[i];
+    }
+    groups
 }
 
 impl Batch {
@@ -65,34 +105,17 @@ impl Batch {
     ) -> Result<Self, ModelError> {
         let lens: Vec<usize> = rows.iter().map(|r| r.len()).collect();
         let n: usize = lens.iter().sum();
-        let (b, t) = (rows.len(), lens.iter().copied().max().unwrap_or(0));
         let padded = force_padded || !kernels::packed_attention_runs(device, dtype);
-        let mut starts = Vec::with_capacity(b);
+        let mut starts = Vec::with_capacity(rows.len());
         let mut ids: Vec<u32> = Vec::with_capacity(n);
         let mut positions: Vec<u32> = Vec::with_capacity(n);
-        let (mut gather, mut scatter, mut mask) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, r) in rows.iter().enumerate() {
-            let start = ids.len();
-            starts.push(start);
+        for r in rows {
+            starts.push(ids.len());
             ids.extend_from_slice(&r.ids);
             positions.extend(0..r.len() as u32);
-            if padded {
-                for k in 0..t {
-                    gather.push((start + k.min(r.len().saturating_sub(1))) as u32);
-                    mask.push(if k < r.len() { 0f32 } else { f32::NEG_INFINITY });
-                }
-                scatter.extend((0..r.len()).map(|k| (i * t + k) as u32));
-            }
         }
         let pad = if padded {
-            Some(Padding {
-                b,
-                t,
-                gather: Tensor::from_vec(gather, b * t, device)?,
-                scatter: Tensor::from_vec(scatter, n, device)?,
-                mask: Tensor::from_vec(mask, (b, 1, 1, t), device)?.to_dtype(dtype)?,
-                extra: Default::default(),
-            })
+            Some(Padding::new(&starts, &lens, device, dtype)?)
         } else {
             None
         };
@@ -144,11 +167,79 @@ impl Batch {
                 mask,
             )?);
         };
+        let outs = p
+            .groups
+            .iter()
+            .map(|g| g.attend(qkv, heads, mask))
+            .collect::<Result<Vec<_>, _>>()?;
+        let out = if outs.len() == 1 {
+            outs.into_iter().next().expect("one group")
+        } else {
+            Tensor::cat(&outs, 0)?
+        };
+        Ok(out.index_select(&p.scatter, 0)?)
+    }
+
+    /// The batch's final token vectors `hidden` (`[N, H]`), with the rows they belong to.
+    pub(crate) fn into_packed(self, hidden: Tensor) -> Packed {
+        Packed {
+            hidden,
+            starts: self.starts,
+            lens: self.lens,
+            skips: self.skips,
+        }
+    }
+}
+
+impl Padding {
+    /// The length groups of rows at `starts` with `lens`, and the scatter back.
+    fn new(
+        starts: &[usize],
+        lens: &[usize],
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self, ModelError> {
+        let n: usize = lens.iter().sum();
+        let mut scatter = vec![0u32; n];
+        let mut offset = 0;
+        let mut groups = Vec::new();
+        for rows in length_groups(lens) {
+            let (b, t) = (rows.len(), lens[rows[0]]);
+            let (mut gather, mut mask) = (Vec::with_capacity(b * t), Vec::with_capacity(b * t));
+            for (j, &i) in rows.iter().enumerate() {
+                let (start, len) = (starts[i], lens[i]);
+                for k in 0..t {
+                    gather.push((start + k.min(len.saturating_sub(1))) as u32);
+                    mask.push(if k < len { 0f32 } else { f32::NEG_INFINITY });
+                }
+                for k in 0..len {
+                    scatter[start + k] = (offset + j * t + k) as u32;
+                }
+            }
+            offset += b * t;
+            groups.push(Group {
+                b,
+                t,
+                gather: Tensor::from_vec(gather, b * t, device)?,
+                mask: Tensor::from_vec(mask, (b, 1, 1, t), device)?.to_dtype(dtype)?,
+                extra: OnceCell::new(),
+            });
+        }
+        Ok(Self {
+            groups,
+            scatter: Tensor::from_vec(scatter, n, device)?,
+        })
+    }
+}
+
+impl Group {
+    /// Attention of the group's rows: `[b·t, q·d]`, padded slots included.
+    fn attend(&self, qkv: &Tensor, heads: Heads, mask: Mask) -> Result<Tensor, ModelError> {
         let Heads { q: nq, kv: nkv, d } = heads;
-        let (b, t) = (p.b, p.t);
-        // [B*T, (q + 2kv)·d] → [B, q + 2kv, T, d], one copy for Q, K and V together.
+        let (b, t) = (self.b, self.t);
+        // [b·t, (q + 2kv)·d] → [b, q + 2kv, t, d], one copy for Q, K and V together.
         let qkv = qkv
-            .index_select(&p.gather, 0)?
+            .index_select(&self.gather, 0)?
             .reshape((b, t, nq + 2 * nkv, d))?
             .transpose(1, 2)?
             .contiguous()?;
@@ -171,8 +262,8 @@ impl Batch {
             Mask::Relative(_) => Some(Extra::Relative),
         };
         let bias = match key {
-            None => p.mask.clone(),
-            Some(key) => match p.extra.get() {
+            None => self.mask.clone(),
+            Some(key) => match self.extra.get() {
                 Some((cached, bias)) if *cached == key => bias.clone(),
                 _ => {
                     let (dtype, dev) = (scores.dtype(), scores.device());
@@ -183,13 +274,13 @@ impl Batch {
                             let full = r.padded.as_ref().ok_or_else(|| {
                                 candle_core::Error::Msg("relative bias without its tensor".into())
                             })?;
-                            // [1, heads, span, span] → the batch's [1, heads, T, T].
+                            // [1, heads, span, span] → the group's [1, heads, t, t].
                             full.narrow(2, 0, t)?.narrow(3, 0, t)?.to_dtype(dtype)?
                         }
                         Mask::Full => unreachable!("no extra term for a full mask"),
                     };
-                    let bias = p.mask.broadcast_add(&term)?;
-                    let _ = p.extra.set((key, bias.clone()));
+                    let bias = self.mask.broadcast_add(&term)?;
+                    let _ = self.extra.set((key, bias.clone()));
                     bias
                 }
             },
@@ -199,17 +290,65 @@ impl Batch {
             .matmul(&v)?
             .transpose(1, 2)?
             .contiguous()?
-            .reshape((b * t, nq * d))?
-            .index_select(&p.scatter, 0)?)
+            .reshape((b * t, nq * d))?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::Device;
+
+    use super::*;
+
+    #[test]
+    fn rows_of_near_length_share_a_group_and_a_long_one_stands_alone() {
+        // Length-sorted or not, rows within a quarter of padding stay together.
+        assert_eq!(length_groups(&[10, 9, 12, 11]), vec![vec![2, 3, 0, 1]]);
+        // One long row would pad seven short ones to 200 tokens: it goes alone.
+        let lens = [12, 200, 10, 11, 12, 9, 10, 12];
+        let groups = length_groups(&lens);
+        assert_eq!(groups[0], vec![1]);
+        assert_eq!(groups.len(), 2, "{groups:?}");
+        assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), lens.len());
+        for g in &groups {
+            let t = lens[g[0]];
+            let real: usize = g.iter().map(|&i| lens[i]).sum();
+            assert!((t * g.len()) as f64 <= real as f64 * (1.0 + GROUP_SLACK));
+        }
+        assert!(length_groups(&[]).is_empty());
     }
 
-    /// The batch's final token vectors `hidden` (`[N, H]`), with the rows they belong to.
-    pub(crate) fn into_packed(self, hidden: Tensor) -> Packed {
-        Packed {
-            hidden,
-            starts: self.starts,
-            lens: self.lens,
-            skips: self.skips,
+    /// The grouped padded path's index arithmetic: every packed token reads its own row
+    /// and lands back in its own place, for every mask, against the packed CPU kernel.
+    #[test]
+    fn grouped_padded_attention_matches_the_packed_kernel() {
+        let lens = [7usize, 1, 30, 3, 29, 8, 2, 31];
+        let rows: Vec<Row> = lens
+            .iter()
+            .map(|&l| Row::single((0..l as u32).collect()))
+            .collect();
+        let refs: Vec<&Row> = rows.iter().collect();
+        let heads = Heads { q: 4, kv: 2, d: 8 };
+        let n: usize = lens.iter().sum();
+        let qkv = Tensor::randn(0f32, 1f32, (n, heads.qkv_width()), &Device::Cpu).unwrap();
+        let packed = Batch::new(&refs, &Device::Cpu, DType::F32, false).unwrap();
+        let padded = Batch::new(&refs, &Device::Cpu, DType::F32, true).unwrap();
+        let groups = padded.pad.as_ref().unwrap().groups.len();
+        assert!(groups >= 3, "{groups} groups for lengths {lens:?}");
+        for mask in [Mask::Full, Mask::Window(4), Mask::Causal] {
+            let want = packed.attend(&qkv, heads, mask).unwrap();
+            let got = padded.attend(&qkv, heads, mask).unwrap();
+            let diff: f32 = (want - got)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar()
+                .unwrap();
+            assert!(diff < 1e-5, "{mask:?}: max diff {diff}");
         }
     }
 }
