@@ -44,6 +44,20 @@ pub(crate) fn parse_rerank(input: &[u8], limits: &Limits) -> Result<RerankReques
             )))
         }
     };
+    // The query is tokenized again with every document, so it counts once per document
+    // against the per-call limit (as a prompt does with each text): a long query times
+    // many documents must not make the strings the limit exists to bound.
+    let q = query.chars().count();
+    let total: usize = documents.iter().map(|d| q + d.chars().count()).sum();
+    if total > limits.max_total_chars {
+        return Err(invalid(format!(
+            "the query with each of the {} documents makes {total} characters in all ({q} of \
+             query per document), over the limit of {} per call: shorten the query or send \
+             fewer documents per call",
+            documents.len(),
+            limits.max_total_chars
+        )));
+    }
     let top_n = opt_positive(&obj, "top_n", "omit it to return every document")?;
     Ok(RerankRequest {
         query,
@@ -90,5 +104,31 @@ mod tests {
             .contains("\"top_n\" must be a positive integer"));
         assert!(err(r#"{"query": "q", "documents": ["a", 2]}"#)
             .contains("documents[1] must be a string"));
+    }
+
+    /// The query counts once per document: it is tokenized with each one.
+    #[test]
+    fn a_long_query_times_many_documents_is_refused() {
+        let limits = Limits {
+            max_total_chars: 20,
+            ..Limits::default()
+        };
+        let ok = parse_rerank(
+            br#"{"query": "abcd", "documents": ["ab", "cd", "ef"]}"#,
+            &limits,
+        );
+        assert!(ok.is_ok(), "3 x (4 + 2) = 18 characters fit in 20");
+        match parse_rerank(
+            br#"{"query": "abcde", "documents": ["ab", "cd", "ef"]}"#,
+            &limits,
+        ) {
+            Err(ActivityError::InvalidInput(m)) => {
+                assert!(
+                    m.contains("21 characters") && m.contains("shorten the query"),
+                    "{m}"
+                );
+            }
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
     }
 }

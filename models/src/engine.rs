@@ -154,16 +154,16 @@ impl Forward for Driven {
             .kind
             .pass_bytes(rows.len() * longest, longest, self.dtype_bytes);
         memory.take(bytes).map_err(ModelError::OutOfMemory)?;
-        let _give_back = GiveBack(memory.as_ref(), bytes);
+        let _give_back = GiveBack(memory.clone(), bytes);
         self.model.forward(rows)
     }
 }
 
 /// Memory taken from a [`DeviceMemory`], given back however the work ends, a panic
 /// included.
-pub(crate) struct GiveBack<'a>(pub &'a dyn DeviceMemory, pub u64);
+pub(crate) struct GiveBack(pub Arc<dyn DeviceMemory>, pub u64);
 
-impl Drop for GiveBack<'_> {
+impl Drop for GiveBack {
     fn drop(&mut self) {
         self.0.give_back(self.1);
     }

@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
-use crate::{engine::DeviceMemory, ModelError};
+use crate::{
+    engine::{DeviceMemory, GiveBack},
+    ModelError,
+};
 
 /// Host bytes tokenizing takes per character of a call's input at its peak, an upper
 /// bound: the `tokenizers` library measured 56–116 bytes per character on English text
@@ -22,7 +25,7 @@ pub const TOKENIZING_BYTES_PER_CHAR: u64 = 128;
 /// Tokenization slots shared by every engine of a process, and the host memory they are
 /// told to (a simulated host's accounting).
 pub struct Tokenizing {
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
     count: usize,
     memory: Option<Arc<dyn DeviceMemory>>,
 }
@@ -33,7 +36,7 @@ impl Tokenizing {
     pub fn new(slots: usize, memory: Option<Arc<dyn DeviceMemory>>) -> Arc<Self> {
         let count = slots.max(1);
         Arc::new(Self {
-            slots: Semaphore::new(count),
+            slots: Arc::new(Semaphore::new(count)),
             count,
             memory,
         })
@@ -51,26 +54,34 @@ impl Tokenizing {
     }
 
     /// Runs `encode` (a tokenization of `chars` characters) on the blocking pool once a
-    /// slot is free.
+    /// slot is free. The slot and the memory go with the work, not with this future: a
+    /// call dropped mid-way (a cancelled activity) cannot free them while its
+    /// tokenization still runs.
     pub async fn run<T: Send + 'static>(
         &self,
         chars: usize,
         encode: impl FnOnce() -> Result<T, ModelError> + Send + 'static,
     ) -> Result<T, ModelError> {
-        let _slot = self
+        let slot = self
             .slots
-            .acquire()
+            .clone()
+            .acquire_owned()
             .await
             .expect("the tokenizing semaphore is never closed; this is a bug");
         let bytes = Self::bytes(chars);
-        let _held = match &self.memory {
+        let held = match &self.memory {
             Some(m) => {
                 m.take(bytes).map_err(ModelError::OutOfMemory)?;
-                Some(crate::engine::GiveBack(m.as_ref(), bytes))
+                Some(GiveBack(m.clone(), bytes))
             }
             None => None,
         };
-        blocking(encode).await
+        blocking(move || {
+            let _slot = slot;
+            let _held = held;
+            encode()
+        })
+        .await
     }
 }
 

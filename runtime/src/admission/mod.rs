@@ -398,18 +398,21 @@ impl MemoryBudget {
     /// A task of `activity_type` ran out of memory, on `model` when known (else on every
     /// engine serving the type): raise the working-set estimate by half (at least 64 MiB),
     /// so less runs beside it from now on; but never past what leaves room for one task
-    /// on an otherwise empty device, or nothing would ever be admitted again (and with no
-    /// successes, the estimate would never come down).
+    /// on the device as the last reading shows it with nothing running (this process's
+    /// own use beyond the weights, a CUDA context, and other tenants included), or nothing
+    /// would be admitted again while that reading holds (and with no successes, the
+    /// estimate would never come down).
     pub(crate) fn record_oom(&self, activity_type: &str, model: Option<&str>) {
         let one_task = self.opts.waiting_rows.values().copied().max().unwrap_or(0);
+        let mut s = self.lock();
+        let others = s.free.as_ref().map_or(0, |f| self.others(&s, *f));
         let ceiling = self
             .total
             .saturating_sub(self.opts.headroom)
-            .saturating_sub(self.opts.weights)
-            .saturating_sub(self.opts.reserve)
+            .saturating_sub(others)
+            .saturating_sub(self.own_now(&s).max(self.opts.weights + self.opts.reserve))
             .saturating_sub(one_task)
             .max(1);
-        let mut s = self.lock();
         for e in s
             .engines
             .iter_mut()

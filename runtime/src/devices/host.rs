@@ -1,8 +1,12 @@
 //! The host's memory, which the CPU lanes admit by as cards admit by theirs: read through
-//! `sysinfo` (the machine's figures, and its cgroup's limit when one is set, as under
-//! Kubernetes or systemd), or declared by `--simulated-host-memory` for tests and demos.
+//! `sysinfo` (the machine's figures) and this process's cgroup (its memory limit when one
+//! is set, as under Kubernetes or a systemd unit's `MemoryMax=`), or declared by
+//! `--simulated-host-memory` for tests and demos.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
 
 use gpulane_models::DeviceMemory;
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
@@ -47,9 +51,7 @@ impl SysinfoHost {
                 "the kernel reports no memory (is /proc mounted?)".to_owned(),
             ));
         }
-        let total = sys
-            .cgroup_limits()
-            .map_or(machine, |c| c.total_memory.min(machine));
+        let total = cgroup_limit(&sys).map_or(machine, |(limit, _)| limit.min(machine));
         Ok(Self {
             sys: Mutex::new(sys),
             pid: sysinfo::get_current_pid().ok(),
@@ -90,8 +92,8 @@ impl HostMemory for SysinfoHost {
         // page cache it can drop). Under a cgroup limit, what the limit leaves beyond the
         // group's anonymous memory (its page cache is reclaimed before an OOM kill).
         let machine = sys.available_memory();
-        Ok(match sys.cgroup_limits() {
-            Some(c) => machine.min(c.total_memory.saturating_sub(c.rss)),
+        Ok(match cgroup_limit(&sys) {
+            Some((limit, anon)) => machine.min(limit.saturating_sub(anon)),
             None => machine,
         })
     }
@@ -108,9 +110,77 @@ impl HostMemory for SysinfoHost {
     }
 }
 
+/// The tightest memory limit over this process's cgroup and its parents, and the
+/// anonymous memory of the group it applies to: cgroup v2 read from the process's own
+/// group (`/proc/self/cgroup`), so a systemd unit's limit counts as a pod's does; else
+/// what `sysinfo` reads at the v1 hierarchy's root. `None` without a limit.
+fn cgroup_limit(sys: &System) -> Option<(u64, u64)> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok();
+    own.as_deref()
+        .and_then(|own| cgroup_v2_limit(Path::new("/sys/fs/cgroup"), own))
+        .or_else(|| {
+            sys.cgroup_limits()
+                .filter(|c| c.total_memory < sys.total_memory())
+                .map(|c| (c.total_memory, c.rss))
+        })
+}
+
+/// [`cgroup_limit`] for cgroup v2 mounted at `root`, with `self_cgroup` the text of
+/// `/proc/self/cgroup`.
+fn cgroup_v2_limit(root: &Path, self_cgroup: &str) -> Option<(u64, u64)> {
+    let path = self_cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let mut dir: PathBuf = root.join(path.trim().trim_start_matches('/'));
+    let mut tightest: Option<(u64, PathBuf)> = None;
+    loop {
+        // "max" (no limit) does not parse; the root group has no file at all.
+        let limit = std::fs::read_to_string(dir.join("memory.max"))
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(limit) = limit {
+            if tightest.as_ref().is_none_or(|(t, _)| limit < *t) {
+                tightest = Some((limit, dir.clone()));
+            }
+        }
+        if dir == root || !dir.pop() || !dir.starts_with(root) {
+            break;
+        }
+    }
+    let (limit, at) = tightest?;
+    let stat = std::fs::read_to_string(at.join("memory.stat")).ok()?;
+    let anon = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("anon "))
+        .and_then(|v| v.trim().parse().ok())?;
+    Some((limit, anon))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A systemd unit in a slice with `MemoryMax=` on the slice: the slice's limit and
+    /// anonymous memory, read from the process's own group upwards.
+    #[test]
+    fn the_tightest_limit_over_the_own_cgroup_and_its_parents() {
+        let root = tempfile::tempdir().unwrap();
+        let slice = root.path().join("system.slice");
+        let unit = slice.join("gpulane.service");
+        std::fs::create_dir_all(&unit).unwrap();
+        std::fs::write(unit.join("memory.max"), "max\n").unwrap();
+        std::fs::write(unit.join("memory.stat"), "anon 100\nfile 5\n").unwrap();
+        std::fs::write(slice.join("memory.max"), "4096\n").unwrap();
+        std::fs::write(slice.join("memory.stat"), "file 7\nanon 300\n").unwrap();
+        let own = "0::/system.slice/gpulane.service\n";
+        assert_eq!(cgroup_v2_limit(root.path(), own), Some((4096, 300)));
+        // The unit's own limit, when tighter, wins with its own anonymous memory.
+        std::fs::write(unit.join("memory.max"), "1024\n").unwrap();
+        assert_eq!(cgroup_v2_limit(root.path(), own), Some((1024, 100)));
+        // No limit anywhere, or a v1-only /proc/self/cgroup: none.
+        std::fs::write(unit.join("memory.max"), "max\n").unwrap();
+        std::fs::write(slice.join("memory.max"), "max\n").unwrap();
+        assert_eq!(cgroup_v2_limit(root.path(), own), None);
+        assert_eq!(cgroup_v2_limit(root.path(), "4:memory:/x\n"), None);
+    }
 
     /// The real host reads: a total, something available within it, and this process's
     /// resident memory, which grows when it touches memory.
