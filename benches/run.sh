@@ -148,7 +148,7 @@ EOF
 
 # --- speed ------------------------------------------------------------------------------
 run_speed() {
-  rm -f "$OUT"/speed-*.json "$OUT"/speed-corpus-*.txt
+  rm -f "$OUT"/speed-*.json "$OUT"/speed-corpus-*.txt "$OUT"/speed-vectors-*.jsonl
   local corpus file n
   for corpus in short long; do
     file=$OUT/corpus-$corpus.txt
@@ -163,9 +163,16 @@ run_speed() {
       --device cpu --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
       --json "$OUT/speed-gpulane-$corpus.json" > "$LOGS/speed-gpulane-$corpus.log" 2>&1 \
       || { say "gpulane bench failed: see $LOGS/speed-gpulane-$corpus.log"; tail -5 "$LOGS/speed-gpulane-$corpus.log" >&2; }
+    say "speed: gpulane bench --dtype int8, $corpus corpus, $THREADS threads"
+    bounded 1800 env RAYON_NUM_THREADS="$THREADS" "$BIN" bench --model "$MODEL" --corpus "$file" \
+      --device cpu --dtype int8 --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
+      --dump "$OUT/speed-vectors-int8-$corpus.jsonl" \
+      --json "$OUT/speed-gpulane-int8-$corpus.json" > "$LOGS/speed-gpulane-int8-$corpus.log" 2>&1 \
+      || { say "gpulane bench --dtype int8 failed: see $LOGS/speed-gpulane-int8-$corpus.log"; tail -5 "$LOGS/speed-gpulane-int8-$corpus.log" >&2; }
     say "speed: sentence-transformers, $corpus corpus, $THREADS threads"
     bounded 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$file" \
       --threads "$THREADS" --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
+      --dump "$OUT/speed-vectors-st-$corpus.jsonl" \
       --json "$OUT/speed-st-$corpus.json" > "$LOGS/speed-st-$corpus.log" 2>&1 \
       || { say "st_speed.py failed: see $LOGS/speed-st-$corpus.log"; tail -5 "$LOGS/speed-st-$corpus.log" >&2; }
   done

@@ -29,6 +29,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=5, help="timed runs")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs first")
     ap.add_argument("--json", help="write the result here too")
+    ap.add_argument("--dump", help="write the last run's vectors here, one JSON list per line")
     args = ap.parse_args()
 
     # Before torch starts its OpenMP pool, so MKL and OpenMP agree with set_num_threads.
@@ -45,12 +46,15 @@ def main():
     enc = model.tokenizer(texts, truncation=True, max_length=model.max_seq_length)
     tokens = sum(len(ids) for ids in enc["input_ids"])
 
+    last = []
+
     def run():
         start = time.perf_counter()
         out = model.encode(texts, batch_size=args.batch_rows, convert_to_numpy=True,
                            show_progress_bar=False)
         seconds = time.perf_counter() - start
         assert out.shape[0] == len(texts), "one vector per text; this is a bug"
+        last[:] = [out]
         return seconds
 
     for _ in range(args.warmup):
@@ -73,6 +77,10 @@ def main():
             "tokens_per_s": round(tokens / median, 1),
         }],
     }
+    if args.dump:
+        with open(args.dump, "w") as f:
+            for v in last[0]:
+                f.write(json.dumps([float(x) for x in v]) + "\n")
     text = json.dumps(result)
     if args.json:
         pathlib.Path(args.json).write_text(text + "\n")

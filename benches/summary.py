@@ -74,6 +74,19 @@ def speed_section(out):
             f"| {fmt(sr.get('texts_per_s'))} / {fmt(sr.get('tokens_per_s'))} "
             f"| {ratio(gr.get('texts_per_s'), sr.get('texts_per_s'))} |"
         )
+    int8 = []
+    for corpus in ("short", "long"):
+        q, s = load(out / f"speed-gpulane-int8-{corpus}.json"), load(out / f"speed-st-{corpus}.json")
+        if not q:
+            continue
+        qr = q.get("results", [{}])[0]
+        sr = (s or {}).get("results", [{}])[0]
+        cos = cosines(out / f"speed-vectors-int8-{corpus}.jsonl", out / f"speed-vectors-st-{corpus}.jsonl")
+        agree = f"min {min(cos):.4f}, mean {sum(cos) / len(cos):.4f}" if cos else "–"
+        int8.append(
+            f"| {corpus} | {fmt(qr.get('texts_per_s'))} / {fmt(qr.get('tokens_per_s'))} "
+            f"| {ratio(qr.get('texts_per_s'), sr.get('texts_per_s'))} | {agree} |"
+        )
     if not rows:
         return ["## Model speed", "", "not run", ""]
     g = load(out / "speed-gpulane-short.json") or load(out / "speed-gpulane-long.json") or {}
@@ -89,7 +102,31 @@ def speed_section(out):
         "| corpus | gpulane texts/s / tokens/s | sentence-transformers texts/s / tokens/s | gpulane ÷ peer |",
         "|---|---|---|---|",
     ]
+    if int8:
+        rows += [
+            "",
+            "`--dtype int8` (dense layers in dynamic int8, the CPU's opt-in `--cpu-dtype int8`), "
+            "same runs; cosine of each text's vector against sentence-transformers' f32 one:",
+            "",
+            "| corpus | gpulane int8 texts/s / tokens/s | int8 ÷ peer f32 | cosine to peer f32 |",
+            "|---|---|---|---|",
+        ] + int8
     return head + rows + [""]
+
+
+def cosines(a, b):
+    """Per-text cosine between two vector dumps (JSON list per line); [] if either is missing."""
+    try:
+        xs = [json.loads(line) for line in a.read_text().splitlines() if line]
+        ys = [json.loads(line) for line in b.read_text().splitlines() if line]
+    except (OSError, ValueError):
+        return []
+    out = []
+    for x, y in zip(xs, ys):
+        dot = sum(p * q for p, q in zip(x, y))
+        nx, ny = sum(p * p for p in x) ** 0.5, sum(q * q for q in y) ** 0.5
+        out.append(dot / (nx * ny) if nx and ny else 0.0)
+    return out if len(xs) == len(ys) else []
 
 
 def batching_section(out):

@@ -117,6 +117,14 @@ pub struct CrossEncoder {
 }
 
 impl CrossEncoder {
+    /// Quantizes the encoder's dense layers to int8 (f32 CPU models only); the
+    /// classifier head stays f32.
+    pub fn quantize_int8(&mut self) -> Result<(), ModelError> {
+        self.encoder.quantize_int8()?;
+        self.info.identity.int8 = true;
+        Ok(())
+    }
+
     /// Loads the cross-encoder in `dir` onto `device` in `dtype`.
     pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Self, ModelError> {
         let unsupported = |reason: String| ModelError::Unsupported {

@@ -137,6 +137,14 @@ impl Embedder {
         self.info.batch_tokens = tokens.max(self.info.max_seq_length);
     }
 
+    /// Quantizes the encoder's dense layers to int8 (f32 CPU models only); the Dense
+    /// heads and everything between the layers stay f32.
+    pub fn quantize_int8(&mut self) -> Result<(), ModelError> {
+        self.model.quantize_int8()?;
+        self.info.identity.int8 = true;
+        Ok(())
+    }
+
     /// Runs attention on the padded path, the one CUDA and f16/bf16 take, even on the
     /// CPU in f32: for tests that hold that path to the f32 references.
     #[doc(hidden)]

@@ -34,6 +34,8 @@ pub enum EngineDevice {
 pub struct EngineOptions {
     /// Weights and activations dtype (f32 on CPU; f16 / bf16 on CUDA).
     pub dtype: DType,
+    /// Quantize the dense layers to dynamic int8 at load: opt-in, CPU and f32 only.
+    pub int8: bool,
     /// Embedders: most padded tokens per forward pass; `None` keeps the default.
     pub batch_tokens: Option<usize>,
     /// Most texts (or pairs) per forward pass; `None` keeps the default (32).
@@ -72,6 +74,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         Self {
             dtype: DType::F32,
+            int8: false,
             batch_tokens: None,
             batch_rows: None,
             batch_wait: Duration::from_millis(2),
@@ -87,6 +90,7 @@ impl fmt::Debug for EngineOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EngineOptions")
             .field("dtype", &self.dtype)
+            .field("int8", &self.int8)
             .field("batch_tokens", &self.batch_tokens)
             .field("batch_rows", &self.batch_rows)
             .field("batch_wait", &self.batch_wait)
@@ -317,13 +321,25 @@ impl Engine {
         device: &EngineDevice,
         opts: EngineOptions,
     ) -> Result<Self, ModelError> {
+        if opts.int8 && (!matches!(device, EngineDevice::Cpu) || opts.dtype != DType::F32) {
+            return Err(ModelError::Unsupported {
+                path: dir.to_owned(),
+                reason: format!(
+                    "int8 quantizes f32 weights on the CPU, not {} on {device:?}",
+                    opts.dtype.as_str()
+                ),
+            });
+        }
         let device = match device {
             EngineDevice::Cpu => Device::Cpu,
             EngineDevice::Cuda(ordinal) => Device::new_cuda(*ordinal)?,
         };
         let rows = opts.batch_rows.unwrap_or(MAX_BATCH_ROWS).max(1);
         let (model, kind, limits) = if is_cross_encoder(dir)? {
-            let m = CrossEncoder::load(dir, &device, opts.dtype)?;
+            let mut m = CrossEncoder::load(dir, &device, opts.dtype)?;
+            if opts.int8 {
+                m.quantize_int8()?;
+            }
             let kind = ModelKind::CrossEncoder(m.info().clone());
             let mut limits = m.limits(rows, opts.batch_wait);
             if let Some(t) = opts.batch_tokens {
@@ -332,6 +348,9 @@ impl Engine {
             (Loaded::CrossEncoder(Box::new(m)), kind, limits)
         } else {
             let mut m = Embedder::load(dir, &device, opts.dtype)?;
+            if opts.int8 {
+                m.quantize_int8()?;
+            }
             if let Some(t) = opts.batch_tokens {
                 m.set_batch_tokens(t);
             }

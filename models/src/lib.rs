@@ -14,6 +14,7 @@ mod embedder;
 mod encoder;
 mod engine;
 mod error;
+mod int8;
 mod kernels;
 mod model_dir;
 mod pooling;

@@ -31,12 +31,27 @@ pub struct ModelIdentity {
     pub revision: String,
     /// The dtype the model computes in on this engine.
     pub dtype: DType,
+    /// Its dense layers run in dynamic int8 (the CPU's opt-in `int8`); `dtype` is then
+    /// what everything else computes in (f32).
+    pub int8: bool,
     /// Floating-point parameters in the weights.
     pub parameters: u64,
     /// The name the model gives itself: the hub id its README card loads it by, else
     /// config.json's `_name_or_path` when that is a hub id (not a local path); None when
     /// it gives none.
     pub self_name: Option<String>,
+}
+
+impl ModelIdentity {
+    /// What results name as their dtype: `int8` for a quantized model, else `f32`,
+    /// `f16` or `bf16`.
+    pub fn precision(&self) -> &'static str {
+        if self.int8 {
+            "int8"
+        } else {
+            self.dtype.as_str()
+        }
+    }
 }
 
 /// A model directory, opened.
@@ -94,6 +109,7 @@ impl ModelDir {
             family: self.config.family(),
             revision: self.checkpoint.revision(&self.path)?,
             dtype,
+            int8: false,
             parameters: self.checkpoint.parameters,
             self_name: self_name(&self.path, self.config.name_or_path.as_deref()),
         })

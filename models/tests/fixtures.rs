@@ -250,3 +250,106 @@ fn tiny_modernbert_padded_path_in_bf16_stays_close_to_the_reference() {
 fn tiny_modernbert_reranker_matches_transformers() {
     check_cross_encoder_at(&own_fixture("tiny-modernbert-reranker"));
 }
+
+/// The CPU's opt-in int8 (dense layers quantized dynamically) stays within cosine 0.99 of
+/// the f32 reference, really differs from f32 (so it ran quantized), and names itself
+/// `int8` in results.
+#[test]
+fn minilm_in_int8_stays_within_cosine_0_99_of_the_reference() {
+    let r = reference(&fixtures().join("minilm/reference.json"));
+    let mut model = Embedder::load(
+        &minilm_dir(),
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap();
+    let texts = texts(&r);
+    let exact = model.embed(&texts, EmbedOptions::default()).unwrap();
+    model.quantize_int8().unwrap();
+    assert_eq!(model.info().identity.precision(), "int8");
+    let out = model.embed(&texts, EmbedOptions::default()).unwrap();
+    assert_eq!(out.token_counts, exact.token_counts);
+    let want = floats(&r["embeddings"]);
+    assert_cosine_at_least(&out.vectors, &want, 0.99, "minilm int8");
+    let moved = out
+        .vectors
+        .iter()
+        .flatten()
+        .zip(exact.vectors.iter().flatten())
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        moved > 1e-4,
+        "int8 vectors equal f32 ones ({moved}): not quantized"
+    );
+}
+
+/// Every family's dense layers quantize (BERT's own, ModernBERT's and Qwen3's `Linear`s,
+/// the padded-attention inputs included) and stay within cosine 0.99 of f32.
+#[test]
+fn every_family_runs_in_int8_close_to_f32() {
+    for dir in [
+        fixtures().join("tiny-xlmr-mean"),
+        own_fixture("tiny-mpnet-mean"),
+        own_fixture("tiny-modernbert-mean"),
+        own_fixture("tiny-qwen3-last"),
+    ] {
+        let (r, mut model) = embedder_and_reference(&dir, candle_core::DType::F32);
+        let texts = texts(&r);
+        let exact = model.embed(&texts, EmbedOptions::default()).unwrap();
+        model.quantize_int8().unwrap();
+        let out = model.embed(&texts, EmbedOptions::default()).unwrap();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        assert_cosine_at_least(&out.vectors, &exact.vectors, 0.99, &name);
+        assert_ne!(out.vectors, exact.vectors, "{name}: not quantized");
+    }
+}
+
+/// A cross-encoder's encoder quantizes too; its scores stay near the f32 reference.
+#[test]
+fn a_cross_encoder_in_int8_scores_near_f32() {
+    let dir = fixtures().join("tiny-cross-encoder");
+    let r = reference(&dir.join("reference.json"));
+    let mut model = gpulane_models::CrossEncoder::load(
+        &dir,
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap();
+    model.quantize_int8().unwrap();
+    assert_eq!(model.info().identity.precision(), "int8");
+    for case in r["cases"].as_array().unwrap() {
+        let query = case["query"].as_str().unwrap();
+        let docs: Vec<String> = serde_json::from_value(case["documents"].clone()).unwrap();
+        let scores: Vec<f32> = serde_json::from_value(case["scores"].clone()).unwrap();
+        let out = model.score(query, &docs).unwrap();
+        for (got, want) in out.logits.iter().zip(&scores) {
+            let sig = 1.0 / (1.0 + (-got).exp());
+            // Hidden size 32: each output sums 32 quantized products, not 384, so the
+            // error averages out far less than in a real reranker (seen: up to 0.033).
+            assert!((sig - want).abs() <= 0.05, "{query:?}: {sig} vs {want}");
+        }
+    }
+}
+
+/// int8 is a CPU f32 option: an engine asked for it in another dtype refuses to start,
+/// saying why.
+#[test]
+fn int8_is_refused_outside_the_cpu_in_f32() {
+    let e = gpulane_models::Engine::start(
+        "m",
+        &minilm_dir(),
+        &gpulane_models::EngineDevice::Cpu,
+        gpulane_models::EngineOptions {
+            dtype: candle_core::DType::F16,
+            int8: true,
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("int8 in f16 must be refused");
+    assert!(
+        e.to_string()
+            .contains("int8 quantizes f32 weights on the CPU"),
+        "{e}"
+    );
+}

@@ -52,10 +52,10 @@ pub struct BenchArgs {
     )]
     pub device: Vec<BenchDevice>,
 
-    /// Weights and activations dtype: f32, f16 or bf16 (default: f32 on the CPU, f16 on
-    /// a card).
+    /// Weights and activations dtype: f32, f16, bf16, or int8 on the CPU (dense layers
+    /// quantized dynamically; default: f32 on the CPU, f16 on a card).
     #[arg(long, env = "GPULANE_BENCH_DTYPE", value_parser = parse_dtype)]
-    pub dtype: Option<DType>,
+    pub dtype: Option<BenchDtype>,
 
     /// Most texts per forward pass, as a comma list; one measurement per value. Each
     /// measurement's engine may also hold rows × the model's max_seq_length tokens.
@@ -143,21 +143,22 @@ impl std::str::FromStr for BenchDevice {
     }
 }
 
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    match s {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        "bf16" => Ok(DType::BF16),
-        other => Err(format!("{other:?}: use f32, f16 or bf16")),
-    }
+/// What `gpulane bench` computes in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BenchDtype {
+    /// Weights and activations in this float type.
+    Float(DType),
+    /// f32 with the dense layers in dynamic int8 (the CPU's `--cpu-dtype int8`).
+    Int8,
 }
 
-fn dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        _ => "other",
+fn parse_dtype(s: &str) -> Result<BenchDtype, String> {
+    match s {
+        "f32" => Ok(BenchDtype::Float(DType::F32)),
+        "f16" => Ok(BenchDtype::Float(DType::F16)),
+        "bf16" => Ok(BenchDtype::Float(DType::BF16)),
+        "int8" => Ok(BenchDtype::Int8),
+        other => Err(format!("{other:?}: use f32, f16, bf16 or int8")),
     }
 }
 
@@ -357,6 +358,8 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
         &ModelArgs {
             models: vec![args.model.clone()],
             models_file: None,
+            // `--dtype` chooses, per measurement.
+            cpu_dtype: "f32".to_owned(),
             hub: args.hub.clone(),
         },
         false,
@@ -391,14 +394,19 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
         if let Some(g) = &t.gpu {
             crate::devices::check_cuda_ordinal(g)?;
         }
-        let dtype = args.dtype.unwrap_or(match t.engine {
-            EngineDevice::Cpu => DType::F32,
-            EngineDevice::Cuda(_) => DType::F16,
-        });
+        let (dtype, int8) = match args.dtype {
+            Some(BenchDtype::Float(d)) => (d, false),
+            Some(BenchDtype::Int8) => (DType::F32, true),
+            None => match t.engine {
+                EngineDevice::Cpu => (DType::F32, false),
+                EngineDevice::Cuda(_) => (DType::F16, false),
+            },
+        };
         for &rows in &args.batch_rows {
             let rows = rows as usize;
             let opts = EngineOptions {
                 dtype,
+                int8,
                 batch_rows: Some(rows),
                 batch_tokens: Some(rows.saturating_mul(info.max_seq_length)),
                 // One caller: nothing else can join a batch, so never wait for one.
@@ -447,7 +455,7 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
                 device: t.label.clone(),
                 gpu_uuid: t.gpu.as_ref().map(|g| g.uuid.clone()),
                 gpu_name: t.gpu.as_ref().map(|g| g.name.clone()),
-                dtype: dtype_name(dtype),
+                dtype: if int8 { "int8" } else { dtype.as_str() },
                 batch_rows: rows,
                 texts: texts.len(),
                 tokens,
@@ -568,7 +576,8 @@ mod tests {
                 BenchDevice::CudaUuid("GPU-ab12".into())
             ]
         );
-        assert_eq!(a.dtype, Some(DType::BF16));
+        assert_eq!(a.dtype, Some(BenchDtype::Float(DType::BF16)));
+        assert_eq!(parse_dtype("int8"), Ok(BenchDtype::Int8));
         for bad in ["gpu0", "cuda:", "cuda:x", "cuda:-1"] {
             assert!(bad.parse::<BenchDevice>().is_err(), "{bad}");
         }

@@ -94,10 +94,16 @@ pub struct ModelArgs {
     #[arg(long = "model", env = "GPULANE_MODEL", value_delimiter = ',')]
     pub models: Vec<String>,
 
-    /// A TOML file of [[model]] tables (name, source, dtype, lanes, max_batch_tokens,
-    /// vram_cost), served after the --model ones.
+    /// A TOML file of [[model]] tables (name, source, dtype, cpu_dtype, lanes,
+    /// max_batch_tokens, vram_cost), served after the --model ones.
     #[arg(long, env = "GPULANE_MODELS_FILE")]
     pub models_file: Option<PathBuf>,
+
+    /// What the CPU lanes compute in: f32 (exact, the default) or int8 (dense layers
+    /// quantized dynamically: faster, results within cosine 0.99 and named `int8`). A
+    /// models file's `cpu_dtype` overrides it per model.
+    #[arg(long, env = "GPULANE_CPU_DTYPE", default_value = "f32", value_parser = ["f32", "int8"])]
+    pub cpu_dtype: String,
 
     /// Where models named by Hugging Face repo id come from.
     #[command(flatten)]

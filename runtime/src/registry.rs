@@ -35,9 +35,12 @@ pub(crate) struct ModelDecl {
     pub name: Option<String>,
     /// A directory, or a Hugging Face repo id (`org/name`).
     pub source: String,
-    /// On cards: `f16` (default), `f32` or `bf16`. CPU lanes always run f32.
+    /// On cards: `f16` (default), `f32` or `bf16`.
     #[serde(default)]
     pub dtype: Option<String>,
+    /// On CPU lanes: `f32` (default: `--cpu-dtype`) or `int8`.
+    #[serde(default)]
+    pub cpu_dtype: Option<String>,
     /// Which lanes serve it: `gpu`, `cpu` (default both).
     #[serde(default)]
     pub lanes: Option<Vec<String>>,
@@ -66,8 +69,10 @@ pub(crate) struct ModelSpec {
     pub name: String,
     pub source: String,
     pub path: PathBuf,
-    /// What it computes in on a card; the CPU always computes in f32.
+    /// What it computes in on a card; the CPU computes in f32.
     pub dtype: DType,
+    /// On the CPU, its dense layers run in dynamic int8.
+    pub cpu_int8: bool,
     pub on_gpu: bool,
     pub on_cpu: bool,
     pub batch_tokens: Option<usize>,
@@ -88,6 +93,7 @@ fn decl_from_flag(s: &str) -> Result<ModelDecl, RuntimeError> {
         name,
         source,
         dtype: None,
+        cpu_dtype: None,
         lanes: None,
         max_batch_tokens: None,
         vram_cost: None,
@@ -149,6 +155,9 @@ pub(crate) fn declarations(args: &ModelArgs) -> Result<Vec<ModelDecl>, RuntimeEr
         let parsed: ModelsFile = toml::from_str(&text)
             .map_err(|e| RuntimeError::Config(format!("--models-file {}: {e}", file.display())))?;
         decls.extend(parsed.models);
+    }
+    for d in &mut decls {
+        d.cpu_dtype.get_or_insert_with(|| args.cpu_dtype.clone());
     }
     if decls.is_empty() {
         return Err(RuntimeError::Config(
@@ -248,6 +257,11 @@ pub(crate) async fn resolve(
             "bf16" => DType::BF16,
             other => return Err(bad(format!("dtype {other:?}; use f32, f16 or bf16"))),
         };
+        let cpu_int8 = match d.cpu_dtype.as_deref().unwrap_or("f32") {
+            "f32" => false,
+            "int8" => true,
+            other => return Err(bad(format!("cpu_dtype {other:?}; use f32 or int8"))),
+        };
         let lanes = d
             .lanes
             .clone()
@@ -269,6 +283,7 @@ pub(crate) async fn resolve(
         out.push(ModelSpec {
             path,
             dtype,
+            cpu_int8,
             on_gpu: lanes.iter().any(|l| l == "gpu"),
             on_cpu: lanes.iter().any(|l| l == "cpu"),
             batch_tokens: d.max_batch_tokens,
@@ -322,6 +337,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(derived_name(src, &model).unwrap(), "all-MiniLM-L6-v2");
+    }
+
+    #[tokio::test]
+    async fn a_cpu_dtype_other_than_f32_or_int8_is_refused() {
+        let mut d = decl_from_flag("m=/nonexistent").unwrap();
+        d.cpu_dtype = Some("int4".into());
+        let e = resolve(vec![d], &HubArgs::default(), false)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cpu_dtype \"int4\"") && e.contains("f32 or int8"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -379,21 +408,30 @@ dtype = "f16"
 lanes = ["gpu"]
 max_batch_tokens = 8192
 vram_cost = "1GiB"
+
+[[model]]
+name = "mini"
+source = "/m/mini"
+cpu_dtype = "f32"
 "#,
         )
         .unwrap();
         let args = ModelArgs {
             models: vec!["a=/x".into()],
             models_file: Some(file),
+            cpu_dtype: "int8".into(),
             hub: HubArgs {
                 hf_offline: true,
                 ..Default::default()
             },
         };
         let d = declarations(&args).unwrap();
-        assert_eq!(d.len(), 2);
+        assert_eq!(d.len(), 3);
         assert_eq!(d[1].lanes.as_deref(), Some(&["gpu".to_owned()][..]));
         assert_eq!(d[1].vram_cost.as_deref(), Some("1GiB"));
+        // `--cpu-dtype` is every model's default; a models file's `cpu_dtype` wins.
+        let cpu: Vec<_> = d.iter().map(|d| d.cpu_dtype.as_deref()).collect();
+        assert_eq!(cpu, [Some("int8"), Some("int8"), Some("f32")]);
         let dup = ModelArgs {
             models: vec!["e5=/x".into()],
             ..args

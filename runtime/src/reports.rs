@@ -28,11 +28,12 @@ pub(crate) async fn print_models(args: &ModelArgs) -> Result<(), RuntimeError> {
             _ => "cpu",
         };
         let id = engine.kind().identity();
-        // The CPU always computes in f32; cards in the declared dtype.
+        // The CPU computes in f32 or int8 (`cpu_dtype`); cards in the declared dtype.
+        let cpu = if m.cpu_int8 { "int8" } else { "f32" };
         let dtype = match (m.on_gpu, m.on_cpu) {
-            (true, true) => format!("gpu {} cpu f32", m.dtype.as_str()),
+            (true, true) => format!("gpu {} cpu {cpu}", m.dtype.as_str()),
             (true, false) => m.dtype.as_str().to_owned(),
-            _ => "f32".to_owned(),
+            _ => cpu.to_owned(),
         };
         let common = format!(
             "{arch}  family {family}  dtype {dtype}  revision {rev}",

@@ -33,13 +33,17 @@ pub(crate) async fn resolve_models(
     resolve(declarations(args)?, &args.hub, model_queues).await
 }
 
-/// Loads `m` on the CPU with default options, as the listings and estimates need it.
+/// Loads `m` on the CPU with default options (in int8 where its CPU lanes run it so), as
+/// the listings and estimates need it.
 pub(crate) fn start_on_cpu(m: &ModelSpec) -> Result<Engine, RuntimeError> {
     Engine::start(
         &m.name,
         &m.path,
         &EngineDevice::Cpu,
-        EngineOptions::default(),
+        EngineOptions {
+            int8: m.on_cpu && m.cpu_int8,
+            ..EngineOptions::default()
+        },
     )
     .map_err(|source| RuntimeError::Model {
         name: m.name.clone(),
@@ -237,6 +241,8 @@ pub(crate) fn load_device(
         let opts = EngineOptions {
             // The CPU (and simulated cards) always compute in f32.
             dtype: if on_cpu { DType::F32 } else { m.dtype },
+            // Simulated cards run on the CPU too, but stand for cards: f32, never int8.
+            int8: on_cpu && plan.gpu.is_none() && m.cpu_int8,
             batch_tokens: m.batch_tokens,
             batch_rows: Some(settings.batch_rows),
             batch_wait: settings.batch_wait,

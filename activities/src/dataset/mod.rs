@@ -277,7 +277,7 @@ pub(crate) async fn run(
         let (model, revision, dtype, family) = (
             engine.name().to_owned(),
             id.revision.clone(),
-            id.dtype.as_str().to_owned(),
+            id.precision().to_owned(),
             id.family.as_str().to_owned(),
         );
         let bytes = tokio::task::spawn_blocking(move || {
@@ -323,7 +323,7 @@ pub(crate) async fn run(
         dimensions: dims,
         model: engine.name().to_owned(),
         revision: id.revision.clone(),
-        dtype: id.dtype.as_str().to_owned(),
+        dtype: id.precision().to_owned(),
         family: id.family.as_str().to_owned(),
         tokens,
         parts,

@@ -6,7 +6,7 @@
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 
-use super::{act::Act, batch::Batch, mpnet::RelativeTable, Packed};
+use super::{act::Act, batch::Batch, layers::Weight, mpnet::RelativeTable, Packed};
 use crate::{
     batcher::Row,
     config::{Arch, ModelConfig},
@@ -66,18 +66,18 @@ const MPNET: Names = Names {
 
 struct Layer {
     /// `[H, 3H]`: Q (pre-scaled by 1/√d), K, V.
-    qkv: Tensor,
+    qkv: Weight,
     /// `[3H]`.
     qkv_bias: Tensor,
     /// `[H, H]`.
-    attn_out: Tensor,
+    attn_out: Weight,
     /// `[3, H]`: attention output bias, LayerNorm gamma, beta.
     attn_norm: Tensor,
     /// `[H, I]` and `[I]`.
-    inter: Tensor,
+    inter: Weight,
     inter_bias: Tensor,
     /// `[I, H]`.
-    out: Tensor,
+    out: Weight,
     /// `[3, H]`: output bias, LayerNorm gamma, beta.
     out_norm: Tensor,
 }
@@ -245,6 +245,10 @@ impl Bert {
             let w = vb.get((o, i), "weight")?.t()?.contiguous()?;
             Ok((w, vb.get(o, "bias")?))
         };
+        let weight =
+            |vb: &VarBuilder, i: usize, o: usize| -> Result<(Weight, Tensor), ModelError> {
+                Ok((Weight::load(vb, i, o)?, vb.get(o, "bias")?))
+            };
         let norm_params = |bias: Tensor, vb: &VarBuilder| -> Result<Tensor, ModelError> {
             Ok(Tensor::stack(
                 &[bias, vb.get(hidden, "weight")?, vb.get(hidden, "bias")?],
@@ -260,11 +264,11 @@ impl Bert {
             let (wk, bk) = dense(&l.pp(n.k), hidden, hidden)?;
             let (wv, bv) = dense(&l.pp(n.v), hidden, hidden)?;
             let (wq, bq) = ((wq * scale)?, (bq * scale)?);
-            let (attn_out, bo) = dense(&l.pp(n.o), hidden, hidden)?;
-            let (inter_w, inter_b) = dense(&l.pp(n.up), hidden, s.inter)?;
-            let (out_w, out_b) = dense(&l.pp(n.down), s.inter, hidden)?;
+            let (attn_out, bo) = weight(&l.pp(n.o), hidden, hidden)?;
+            let (inter_w, inter_b) = weight(&l.pp(n.up), hidden, s.inter)?;
+            let (out_w, out_b) = weight(&l.pp(n.down), s.inter, hidden)?;
             loaded.push(Layer {
-                qkv: Tensor::cat(&[wq, wk, wv], 1)?.contiguous()?,
+                qkv: Weight::Float(Tensor::cat(&[wq, wk, wv], 1)?.contiguous()?),
                 qkv_bias: Tensor::cat(&[bq, bk, bv], 0)?,
                 attn_out,
                 attn_norm: norm_params(bo, &l.pp(n.attn_norm))?,
@@ -298,6 +302,16 @@ impl Bert {
             device,
             force_padded: false,
         })
+    }
+
+    /// Quantizes every dense layer to int8 (see `Weight::quantize_int8`).
+    pub(crate) fn quantize_int8(&mut self) -> Result<(), ModelError> {
+        for l in &mut self.layers {
+            for w in [&mut l.qkv, &mut l.attn_out, &mut l.inter, &mut l.out] {
+                w.quantize_int8()?;
+            }
+        }
+        Ok(())
     }
 
     /// Token vectors for `rows`, packed (see the module doc).
@@ -335,12 +349,12 @@ impl Bert {
         };
         let heads = Heads::mha(x.dim(1)?, self.heads);
         for l in &self.layers {
-            let qkv = x.matmul(&l.qkv)?.broadcast_add(&l.qkv_bias)?;
+            let qkv = l.qkv.matmul(&x)?.broadcast_add(&l.qkv_bias)?;
             let ctx = batch.attend(&qkv, heads, mask)?;
-            let attn = ctx.matmul(&l.attn_out)?;
+            let attn = l.attn_out.matmul(&ctx)?;
             x = kernels::add_norm(&attn, &x, &l.attn_norm, self.eps)?;
-            let up = self.act.with_bias(&x.matmul(&l.inter)?, &l.inter_bias)?;
-            let down = up.matmul(&l.out)?;
+            let up = self.act.with_bias(&l.inter.matmul(&x)?, &l.inter_bias)?;
+            let down = l.out.matmul(&up)?;
             x = kernels::add_norm(&down, &x, &l.out_norm, self.eps)?;
         }
         Ok(batch.into_packed(x))

@@ -1,33 +1,122 @@
 //! The weight-holding layers the families share: a dense layer with its weight laid out
 //! `[in, out]` once at load, LayerNorm with an optional bias, and RMSNorm.
 
-use candle_core::Tensor;
+use candle_core::{DType, Storage, Tensor};
 use candle_nn::VarBuilder;
 
-use crate::ModelError;
+use crate::{int8::QuantLinear, ModelError};
 
-/// A dense layer, weight transposed to `[in, out]` at load (contiguous for `x.matmul(w)`),
-/// bias optional.
+/// A dense layer's weight: f32/f16/bf16 transposed to `[in, out]` at load (contiguous
+/// for `x.matmul(w)`), or, after [`Weight::quantize_int8`], int8 for the CPU.
+pub(crate) enum Weight {
+    Float(Tensor),
+    Int8(QuantLinear),
+}
+
+impl Weight {
+    /// Loads `[out, in]` from the checkpoint as `[in, out]`.
+    pub(crate) fn load(vb: &VarBuilder, i: usize, o: usize) -> Result<Self, ModelError> {
+        Ok(Weight::Float(vb.get((o, i), "weight")?.t()?.contiguous()?))
+    }
+
+    /// Several weights of one input side by side, as one `[in, Σ out]` matrix (Q, K and
+    /// V; gate and up), so one matmul serves them all. Before quantization only.
+    pub(crate) fn concat(parts: &[Weight]) -> Result<Self, ModelError> {
+        let ws = parts
+            .iter()
+            .map(|p| match p {
+                Weight::Float(w) => Ok(w.clone()),
+                Weight::Int8(_) => Err(candle_core::Error::Msg(
+                    "int8 weights are concatenated before quantizing, not after".into(),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Weight::Float(Tensor::cat(&ws, 1)?.contiguous()?))
+    }
+
+    /// `x · w` over the last dimension of `x`.
+    pub(crate) fn matmul(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        match self {
+            Weight::Float(w) => Ok(x.matmul(w)?),
+            Weight::Int8(q) => int8_matmul(q, x),
+        }
+    }
+
+    /// Scales each output column by `s` (`[out]`), before quantization.
+    pub(crate) fn scale_columns(&mut self, s: &Tensor) -> Result<(), ModelError> {
+        if let Weight::Float(w) = self {
+            *w = w.broadcast_mul(s)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces an f32 CPU weight by its int8 quantization (the f32 copy is freed).
+    pub(crate) fn quantize_int8(&mut self) -> Result<(), ModelError> {
+        if let Weight::Float(w) = self {
+            if !w.device().is_cpu() || w.dtype() != DType::F32 {
+                return Err(candle_core::Error::Msg(format!(
+                    "int8 quantizes f32 weights on the CPU, not {:?} on {:?}",
+                    w.dtype(),
+                    w.device()
+                ))
+                .into());
+            }
+            let (k, n) = w.dims2()?;
+            // `[in, out]` here; the kernel packs from `[out, in]` rows.
+            let rows = w.t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+            *self = Weight::Int8(QuantLinear::new(&rows, n, k));
+        }
+        Ok(())
+    }
+}
+
+/// The int8 product on the f32 CPU tensor `x` (any leading dimensions), read in place.
+fn int8_matmul(q: &QuantLinear, x: &Tensor) -> Result<Tensor, ModelError> {
+    let x = x.contiguous()?;
+    let mut dims = x.dims().to_vec();
+    let k = dims.last().copied().unwrap_or(1);
+    let m = x.elem_count() / k.max(1);
+    let y = {
+        let (storage, layout) = x.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else {
+            return Err(candle_core::Error::Msg("int8 weights run on the CPU only".into()).into());
+        };
+        let data = cpu.as_slice::<f32>()?;
+        let (start, end) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("int8 input is not contiguous".into()))?;
+        q.forward(&data[start..end], m)
+    };
+    if let Some(last) = dims.last_mut() {
+        *last = q.out_features();
+    }
+    Ok(Tensor::from_vec(y, dims, x.device())?)
+}
+
+/// A dense layer, bias optional.
 pub(crate) struct Linear {
-    pub(crate) w: Tensor,
+    pub(crate) w: Weight,
     pub(crate) b: Option<Tensor>,
 }
 
 impl Linear {
     pub(crate) fn load(vb: VarBuilder, i: usize, o: usize, bias: bool) -> Result<Self, ModelError> {
-        let w = vb.get((o, i), "weight")?.t()?.contiguous()?;
+        let w = Weight::load(&vb, i, o)?;
         let b = if bias { Some(vb.get(o, "bias")?) } else { None };
         Ok(Self { w, b })
     }
 
-    /// Several layers of one input side by side, as one `[in, Σ out]` matrix (Q, K and V;
-    /// gate and up), so one matmul serves them all.
+    /// Several layers of one input side by side (see [`Weight::concat`]).
     pub(crate) fn concat(parts: Vec<Linear>) -> Result<Self, ModelError> {
-        let ws: Vec<Tensor> = parts.iter().map(|p| p.w.clone()).collect();
-        let w = Tensor::cat(&ws, 1)?.contiguous()?;
-        let b = if parts.iter().all(|p| p.b.is_some()) {
-            let bs: Vec<Tensor> = parts.iter().filter_map(|p| p.b.clone()).collect();
-            Some(Tensor::cat(&bs, 0)?)
+        let all_biased = parts.iter().all(|p| p.b.is_some());
+        let (ws, bs): (Vec<Weight>, Vec<Option<Tensor>>) =
+            parts.into_iter().map(|p| (p.w, p.b)).unzip();
+        let w = Weight::concat(&ws)?;
+        let b = if all_biased {
+            Some(Tensor::cat(
+                &bs.into_iter().flatten().collect::<Vec<_>>(),
+                0,
+            )?)
         } else {
             None
         };
@@ -35,7 +124,7 @@ impl Linear {
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let y = x.matmul(&self.w)?;
+        let y = self.w.matmul(x)?;
         Ok(match &self.b {
             Some(b) => y.broadcast_add(b)?,
             None => y,

@@ -64,6 +64,16 @@ impl Encoder {
         }
     }
 
+    /// Quantizes the dense layers to int8 for the CPU (`EngineOptions::int8`); attention,
+    /// norms and embeddings stay f32.
+    pub(crate) fn quantize_int8(&mut self) -> Result<(), ModelError> {
+        match self {
+            Encoder::Bert(m) => m.quantize_int8(),
+            Encoder::ModernBert(m) => m.quantize_int8(),
+            Encoder::Qwen3(m) => m.quantize_int8(),
+        }
+    }
+
     /// Token vectors for `rows`, packed (see the module doc).
     pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
         match self {

@@ -175,7 +175,7 @@ impl ModernBert {
         for (i, &local) in layout.local.iter().enumerate() {
             let l = vb.pp(format!("layers.{i}"));
             let mut qkv = Linear::load(l.pp("attn.Wqkv"), hidden, 3 * hidden, attn_bias)?;
-            qkv.w = qkv.w.broadcast_mul(&col_scale)?;
+            qkv.w.scale_columns(&col_scale)?;
             qkv.b = qkv.b.map(|b| b * &col_scale).transpose()?;
             layers.push(Layer {
                 attn_norm: if i == 0 {
@@ -205,6 +205,16 @@ impl ModernBert {
             device,
             force_padded: false,
         })
+    }
+
+    /// Quantizes every dense layer to int8 (see `Weight::quantize_int8`).
+    pub(crate) fn quantize_int8(&mut self) -> Result<(), ModelError> {
+        for l in &mut self.layers {
+            for w in [&mut l.qkv.w, &mut l.attn_out.w, &mut l.wi.w, &mut l.wo.w] {
+                w.quantize_int8()?;
+            }
+        }
+        Ok(())
     }
 
     /// Token vectors for `rows`, packed, after the final norm (what sentence-transformers

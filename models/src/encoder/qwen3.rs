@@ -149,6 +149,16 @@ impl Qwen3 {
         })
     }
 
+    /// Quantizes every dense layer to int8 (see `Weight::quantize_int8`).
+    pub(crate) fn quantize_int8(&mut self) -> Result<(), ModelError> {
+        for l in &mut self.layers {
+            for w in [&mut l.qkv.w, &mut l.o.w, &mut l.gate_up.w, &mut l.down.w] {
+                w.quantize_int8()?;
+            }
+        }
+        Ok(())
+    }
+
     /// Token vectors for `rows`, packed, after the final norm (what sentence-transformers
     /// pools).
     pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
