@@ -330,6 +330,9 @@ impl Engine {
                 ),
             });
         }
+        if opts.int8 && !crate::int8::vnni() {
+            tracing::warn!(model = name, "int8 on a CPU without AVX-512 VNNI runs the portable kernel, which is not tuned: f32 may be faster here");
+        }
         let device = match device {
             EngineDevice::Cpu => Device::Cpu,
             EngineDevice::Cuda(ordinal) => Device::new_cuda(*ordinal)?,

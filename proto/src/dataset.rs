@@ -100,7 +100,7 @@ pub struct Manifest {
     pub model: String,
     /// The model's revision (see `EmbedResponse::revision`).
     pub revision: String,
-    /// The dtype it computed in.
+    /// The dtype it computed in (as `EmbedResponse.dtype`: `int8` too).
     pub dtype: String,
     /// Its family.
     pub family: String,

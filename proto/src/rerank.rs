@@ -49,7 +49,7 @@ pub struct RerankResponse {
     /// else `sha256:` and the hash of its weight files. Stored results outlive
     /// deployments; this says what made them.
     pub revision: String,
-    /// The dtype the model computed in (`f32`, `f16`, `bf16`).
+    /// The dtype the model computed in (`f32`, `f16`, `bf16`, or `int8`: a CPU lane run with `--cpu-dtype int8`, dense layers quantized dynamically).
     pub dtype: String,
     /// The model family (`bert`, `xlm-roberta`, `distilbert`, `mpnet`, `modernbert`,
     /// `qwen3`).

@@ -3,7 +3,14 @@
 import asyncio
 import uuid
 
-from conftest import FIXTURES, assert_vectors_close, load_reference, minilm_dir, workflow_env
+from conftest import (
+    FIXTURES,
+    assert_vectors_close,
+    cosine_and_max_abs,
+    load_reference,
+    minilm_dir,
+    workflow_env,
+)
 
 
 def run_workflow(address, workflow, *args, timeout=180):
@@ -39,6 +46,30 @@ def test_embed_on_cpu_lane_matches_sentence_transformers(temporal_address, gpula
     # The host queue is served too: a call pinned there lands on the same worker.
     again = run_workflow(temporal_address, "EmbedOn", out["host_task_queue"], {"texts": ["pinned"]})
     assert again["host_task_queue"] == out["host_task_queue"]
+
+
+def test_cpu_lane_in_int8_names_its_dtype_and_stays_within_cosine_0_99(temporal_address, gpulane):
+    # One worker with a simulated card too: a simulated card stands for a card, so it
+    # keeps computing in f32 while the CPU lane runs int8.
+    gpulane(
+        "--model", f"m={minilm_dir()}", "--cpu-dtype", "int8", "--simulate-gpus", "1x16GiB",
+        "--cpu-lane", "on",
+    )
+    ref = load_reference("minilm")
+    out = run_workflow(temporal_address, "EmbedOn", "cpu-tools", {"texts": ref["texts"]})
+    assert out["device"]["kind"] == "cpu" and out["dtype"] == "int8", out["device"]
+    assert out["usage"]["tokens"] == sum(ref["token_counts"])
+    worst = 1.0
+    moved = 0.0
+    for got, want in zip(out["embeddings"], ref["embeddings"]):
+        cos, max_abs = cosine_and_max_abs(got, want)
+        worst, moved = min(worst, cos), max(moved, max_abs)
+    assert worst >= 0.99, worst
+    # Quantization really ran: f32 stays within 1e-4 of the reference, int8 does not.
+    assert moved > 1e-4, moved
+    card = run_workflow(temporal_address, "EmbedOn", "gpu-tools", {"texts": ref["texts"][:2]})
+    assert card["device"]["kind"] == "gpu" and card["dtype"] == "f32", card["device"]
+    assert_vectors_close(card["embeddings"], ref["embeddings"][:2], "simulated card")
 
 
 def test_pin_pattern_keeps_both_calls_on_one_simulated_card(temporal_address, gpulane):

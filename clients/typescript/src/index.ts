@@ -233,7 +233,7 @@ export interface EmbedResponse<E extends Embeddings = Embeddings> {
   model: string;
   /** Exactly which weights: the Hugging Face commit, else `sha256:` and the hash of the weight files. */
   revision: string;
-  /** The dtype the model computed in (`f32`, `f16`, `bf16`). */
+  /** The dtype the model computed in (`f32`, `f16`, `bf16`, or `int8`: a CPU lane run with `--cpu-dtype int8`, dense layers quantized dynamically). */
   dtype: string;
   /** The model family (`bert`, `xlm-roberta`, `distilbert`, `mpnet`, `modernbert`, `qwen3`). */
   family: string;
