@@ -14,6 +14,9 @@
 
 use rayon::prelude::*;
 
+/// An output not written yet.
+type Out = std::mem::MaybeUninit<f32>;
+
 /// Output columns per packed panel: one 512-bit register of i32 accumulators.
 const PANEL: usize = 16;
 /// Activation rows one rayon task quantizes and multiplies: enough to reuse each weight
@@ -75,9 +78,12 @@ impl QuantLinear {
     /// `x · wᵀ` for `x` row-major `[m, k]`; returns `[m, n]` row-major.
     pub(crate) fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.k, "input is not [{m}, {}]", self.k);
-        let mut y = vec![0f32; m * self.n];
+        // Not zeroed first: zeroing every output (tokens × outputs floats per layer) cost
+        // a tenth of a long-passage run, and the kernels write every element.
+        let mut y: Vec<f32> = Vec::with_capacity(m * self.n);
         let vnni = vnni();
-        y.par_chunks_mut(ROWS_PER_TASK * self.n)
+        y.spare_capacity_mut()[..m * self.n]
+            .par_chunks_mut(ROWS_PER_TASK * self.n)
             .zip(x.par_chunks(ROWS_PER_TASK * self.k))
             .for_each(|(y, x)| {
                 let rows = x.len() / self.k;
@@ -92,6 +98,8 @@ impl QuantLinear {
                     self.matmul_portable(&qa, &sa, rows, y);
                 }
             });
+        // SAFETY: both kernels write every one of the m × n outputs.
+        unsafe { y.set_len(m * self.n) };
         y
     }
 
@@ -124,7 +132,7 @@ impl QuantLinear {
 
     /// The same product in plain Rust: any CPU, and the reference the VNNI path is
     /// tested against.
-    fn matmul_portable(&self, qa: &[u8], sa: &[RowScale], rows: usize, y: &mut [f32]) {
+    fn matmul_portable(&self, qa: &[u8], sa: &[RowScale], rows: usize, y: &mut [Out]) {
         let k4 = self.k4;
         for r in 0..rows {
             let a = &qa[r * k4..(r + 1) * k4];
@@ -138,7 +146,7 @@ impl QuantLinear {
                         acc += a[g * 4 + j] as i32 * w[j] as i32;
                     }
                 }
-                y[r * self.n + c] = self.dequantize(acc, sa[r], c);
+                y[r * self.n + c].write(self.dequantize(acc, sa[r], c));
             }
         }
     }
@@ -196,7 +204,7 @@ pub(crate) fn vnni() -> bool {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{QuantLinear, RowScale, PANEL};
+    use super::{Out, QuantLinear, RowScale, PANEL};
 
     /// Rows per register tile; with three panels that is 24 accumulators of 32 registers.
     const MR: usize = 8;
@@ -243,7 +251,7 @@ mod avx512 {
         qa: &[u8],
         sa: &[RowScale],
         rows: usize,
-        y: &mut [f32],
+        y: &mut [Out],
     ) {
         let panels = l.n.div_ceil(PANEL);
         let mut p = 0;
@@ -285,7 +293,7 @@ mod avx512 {
         r: usize,
         p: usize,
         nv: usize,
-        y: &mut [f32],
+        y: &mut [Out],
     ) {
         for pp in p..p + nv {
             tile::<R, 1>(l, qa, sa, r, pp, y);
@@ -300,7 +308,7 @@ mod avx512 {
         sa: &[RowScale],
         r: usize,
         p: usize,
-        y: &mut [f32],
+        y: &mut [Out],
     ) {
         let k4 = l.k4;
         let groups = k4 / 4;
@@ -323,7 +331,7 @@ mod avx512 {
             let row = r + i;
             let row_scale = _mm512_set1_ps(sa[row].scale);
             let row_zero = _mm512_set1_epi32(sa[row].zero);
-            let dst = y.as_mut_ptr().add(row * l.n);
+            let dst = y.as_mut_ptr().add(row * l.n) as *mut f32;
             for (v, acc) in acc.iter().enumerate() {
                 let c0 = (p + v) * PANEL;
                 // The last panel may be partly padding: only its real columns are read
@@ -385,8 +393,13 @@ mod tests {
             let want = reference(&x, &w, m, n, k);
             let got = q.forward(&x, m);
             let (qa, sa) = q.quantize_rows(&x, m);
-            let mut portable = vec![0f32; m * n];
+            let mut portable = vec![Out::new(f32::NAN); m * n];
             q.matmul_portable(&qa, &sa, m, &mut portable);
+            // SAFETY: initialized above; the kernel overwrote them.
+            let portable: Vec<f32> = portable
+                .iter()
+                .map(|v| unsafe { v.assume_init() })
+                .collect();
             if m <= ROWS_PER_TASK {
                 assert_eq!(got, portable, "vnni and portable differ at {m}x{n}x{k}");
             }
