@@ -14,6 +14,28 @@
 
 use rayon::prelude::*;
 
+use crate::kernels::gelu;
+
+/// What the kernel does to each output before it stores it: the layer's bias, and GELU
+/// after it (BERT's feed-forward input), so neither costs another pass over the output.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Epilogue<'a> {
+    None,
+    Bias(&'a [f32]),
+    BiasGelu(&'a [f32]),
+}
+
+impl Epilogue<'_> {
+    #[inline(always)]
+    fn apply(self, v: f32, col: usize) -> f32 {
+        match self {
+            Epilogue::None => v,
+            Epilogue::Bias(b) => v + b[col],
+            Epilogue::BiasGelu(b) => gelu(v + b[col]),
+        }
+    }
+}
+
 /// An output not written yet.
 type Out = std::mem::MaybeUninit<f32>;
 
@@ -75,9 +97,12 @@ impl QuantLinear {
         self.n
     }
 
-    /// `x · wᵀ` for `x` row-major `[m, k]`; returns `[m, n]` row-major.
-    pub(crate) fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
+    /// `epi(x · wᵀ)` for `x` row-major `[m, k]`; returns `[m, n]` row-major.
+    pub(crate) fn forward(&self, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
         assert_eq!(x.len(), m * self.k, "input is not [{m}, {}]", self.k);
+        if let Epilogue::Bias(b) | Epilogue::BiasGelu(b) = epi {
+            assert_eq!(b.len(), self.n, "bias is not [{}]", self.n);
+        }
         // Not zeroed first: zeroing every output (tokens × outputs floats per layer) cost
         // a tenth of a long-passage run, and the kernels write every element.
         let mut y: Vec<f32> = Vec::with_capacity(m * self.n);
@@ -92,10 +117,10 @@ impl QuantLinear {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `vnni()` checked the CPU has AVX-512 F, BW and VNNI.
                     unsafe {
-                        avx512::matmul(self, &qa, &sa, rows, y)
+                        avx512::matmul(self, &qa, &sa, rows, y, epi)
                     };
                 } else {
-                    self.matmul_portable(&qa, &sa, rows, y);
+                    self.matmul_portable(&qa, &sa, rows, y, epi);
                 }
             });
         // SAFETY: both kernels write every one of the m × n outputs.
@@ -132,7 +157,14 @@ impl QuantLinear {
 
     /// The same product in plain Rust: any CPU, and the reference the VNNI path is
     /// tested against.
-    fn matmul_portable(&self, qa: &[u8], sa: &[RowScale], rows: usize, y: &mut [Out]) {
+    fn matmul_portable(
+        &self,
+        qa: &[u8],
+        sa: &[RowScale],
+        rows: usize,
+        y: &mut [Out],
+        epi: Epilogue,
+    ) {
         let k4 = self.k4;
         for r in 0..rows {
             let a = &qa[r * k4..(r + 1) * k4];
@@ -146,7 +178,7 @@ impl QuantLinear {
                         acc += a[g * 4 + j] as i32 * w[j] as i32;
                     }
                 }
-                y[r * self.n + c].write(self.dequantize(acc, sa[r], c));
+                y[r * self.n + c].write(epi.apply(self.dequantize(acc, sa[r], c), c));
             }
         }
     }
@@ -204,7 +236,7 @@ pub(crate) fn vnni() -> bool {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Out, QuantLinear, RowScale, PANEL};
+    use super::{Epilogue, Out, QuantLinear, RowScale, PANEL};
 
     /// Rows per register tile; with three panels that is 24 accumulators of 32 registers.
     const MR: usize = 8;
@@ -244,7 +276,15 @@ mod avx512 {
         rs
     }
 
-    /// `y = dequant(qa · packedᵀ)` for `rows` quantized rows, tile by tile.
+    /// One task's product: the layer, its quantized rows and what to do with the outputs.
+    struct Job<'a> {
+        l: &'a QuantLinear,
+        qa: &'a [u8],
+        sa: &'a [RowScale],
+        epi: Epilogue<'a>,
+    }
+
+    /// `y = epi(dequant(qa · packedᵀ))` for `rows` quantized rows, tile by tile.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub(super) unsafe fn matmul(
         l: &QuantLinear,
@@ -252,7 +292,9 @@ mod avx512 {
         sa: &[RowScale],
         rows: usize,
         y: &mut [Out],
+        epi: Epilogue,
     ) {
+        let j = &Job { l, qa, sa, epi };
         let panels = l.n.div_ceil(PANEL);
         let mut p = 0;
         while p < panels {
@@ -263,18 +305,18 @@ mod avx512 {
                 // Const-sized tiles keep the accumulators in registers; the edges take
                 // the smaller instances.
                 match (mr, nv) {
-                    (MR, NV) => tile::<MR, NV>(l, qa, sa, r, p, y),
-                    (MR, 2) => tile::<MR, 2>(l, qa, sa, r, p, y),
-                    (MR, 1) => tile::<MR, 1>(l, qa, sa, r, p, y),
+                    (MR, NV) => tile::<MR, NV>(j, r, p, y),
+                    (MR, 2) => tile::<MR, 2>(j, r, p, y),
+                    (MR, 1) => tile::<MR, 1>(j, r, p, y),
                     (4..=7, _) => {
-                        edge::<4>(l, qa, sa, r, p, nv, y);
+                        edge::<4>(j, r, p, nv, y);
                         for rr in (r + 4)..(r + mr) {
-                            edge::<1>(l, qa, sa, rr, p, nv, y);
+                            edge::<1>(j, rr, p, nv, y);
                         }
                     }
                     _ => {
                         for rr in r..(r + mr) {
-                            edge::<1>(l, qa, sa, rr, p, nv, y);
+                            edge::<1>(j, rr, p, nv, y);
                         }
                     }
                 }
@@ -286,30 +328,16 @@ mod avx512 {
 
     /// Edge rows: `R` rows against `nv` panels, one panel at a time.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn edge<const R: usize>(
-        l: &QuantLinear,
-        qa: &[u8],
-        sa: &[RowScale],
-        r: usize,
-        p: usize,
-        nv: usize,
-        y: &mut [Out],
-    ) {
+    unsafe fn edge<const R: usize>(j: &Job, r: usize, p: usize, nv: usize, y: &mut [Out]) {
         for pp in p..p + nv {
-            tile::<R, 1>(l, qa, sa, r, pp, y);
+            tile::<R, 1>(j, r, pp, y);
         }
     }
 
     /// One `R`-row by `V`-panel tile over the whole inner dimension.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn tile<const R: usize, const V: usize>(
-        l: &QuantLinear,
-        qa: &[u8],
-        sa: &[RowScale],
-        r: usize,
-        p: usize,
-        y: &mut [Out],
-    ) {
+    unsafe fn tile<const R: usize, const V: usize>(j: &Job, r: usize, p: usize, y: &mut [Out]) {
+        let Job { l, qa, sa, epi } = *j;
         let k4 = l.k4;
         let groups = k4 / 4;
         let mut acc = [[_mm512_setzero_si512(); V]; R];
@@ -347,6 +375,22 @@ mod avx512 {
                 let scale = _mm512_maskz_loadu_ps(mask, l.scale.as_ptr().add(c0));
                 let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(*acc, offset));
                 let v = _mm512_mul_ps(_mm512_mul_ps(v, row_scale), scale);
+                let v = match epi {
+                    Epilogue::None => v,
+                    Epilogue::Bias(b) => {
+                        _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, b.as_ptr().add(c0)))
+                    }
+                    Epilogue::BiasGelu(b) => {
+                        let v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, b.as_ptr().add(c0)));
+                        let mut lanes = [0f32; PANEL];
+                        _mm512_storeu_ps(lanes.as_mut_ptr(), v);
+                        // Sixteen at once: the compiler vectorizes the erf polynomial.
+                        for x in &mut lanes {
+                            *x = crate::kernels::gelu(*x);
+                        }
+                        _mm512_loadu_ps(lanes.as_ptr())
+                    }
+                };
                 _mm512_mask_storeu_ps(dst.add(c0), mask, v);
             }
         }
@@ -391,10 +435,10 @@ mod tests {
             let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed) * 0.1).collect();
             let q = QuantLinear::new(&w, n, k);
             let want = reference(&x, &w, m, n, k);
-            let got = q.forward(&x, m);
+            let got = q.forward(&x, m, Epilogue::None);
             let (qa, sa) = q.quantize_rows(&x, m);
             let mut portable = vec![Out::new(f32::NAN); m * n];
-            q.matmul_portable(&qa, &sa, m, &mut portable);
+            q.matmul_portable(&qa, &sa, m, &mut portable, Epilogue::None);
             // SAFETY: initialized above; the kernel overwrote them.
             let portable: Vec<f32> = portable
                 .iter()
@@ -413,12 +457,40 @@ mod tests {
         }
     }
 
+    /// The bias and bias+GELU epilogues give what adding the bias (and GELU) after the
+    /// product gives, on both paths, the partly-padded last panel included.
+    #[test]
+    fn epilogues_match_the_product_then_bias_and_gelu() {
+        let (m, n, k) = (11, 40, 24);
+        let mut seed = 3;
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed) * 0.3).collect();
+        let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+        let q = QuantLinear::new(&w, n, k);
+        let plain = q.forward(&x, m, Epilogue::None);
+        let (qa, sa) = q.quantize_rows(&x, m);
+        for (epi, f) in [
+            (Epilogue::Bias(&b), (|v| v) as fn(f32) -> f32),
+            (Epilogue::BiasGelu(&b), gelu as fn(f32) -> f32),
+        ] {
+            let got = q.forward(&x, m, epi);
+            let mut portable = vec![Out::new(f32::NAN); m * n];
+            q.matmul_portable(&qa, &sa, m, &mut portable, epi);
+            for (i, g) in got.iter().enumerate() {
+                let want = f(plain[i] + b[i % n]);
+                assert!((g - want).abs() <= 1e-5, "{epi:?} at {i}: {g} vs {want}");
+                // SAFETY: initialized above; the kernel overwrote it.
+                assert_eq!(*g, unsafe { portable[i].assume_init() }, "{epi:?} at {i}");
+            }
+        }
+    }
+
     /// A zero row or column quantizes with scale 1, not a division by zero.
     #[test]
     fn zero_rows_and_columns_stay_zero() {
         let q = QuantLinear::new(&[0.0; 8], 2, 4);
         assert_eq!(
-            q.forward(&[0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], 2),
+            q.forward(&[0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], 2, Epilogue::None),
             vec![0.0; 4]
         );
     }

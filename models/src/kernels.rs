@@ -48,7 +48,7 @@ fn erf(x: f32) -> f32 {
 
 /// The exact (erf) GELU that BERT's `hidden_act: "gelu"` means.
 #[inline(always)]
-fn gelu(x: f32) -> f32 {
+pub(crate) fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 

@@ -349,11 +349,11 @@ impl Bert {
         };
         let heads = Heads::mha(x.dim(1)?, self.heads);
         for l in &self.layers {
-            let qkv = l.qkv.matmul(&x)?.broadcast_add(&l.qkv_bias)?;
+            let qkv = l.qkv.matmul_bias(&x, &l.qkv_bias)?;
             let ctx = batch.attend(&qkv, heads, mask)?;
             let attn = l.attn_out.matmul(&ctx)?;
             x = kernels::add_norm(&attn, &x, &l.attn_norm, self.eps)?;
-            let up = self.act.with_bias(&l.inter.matmul(&x)?, &l.inter_bias)?;
+            let up = l.inter.matmul_bias_act(&x, &l.inter_bias, self.act)?;
             let down = l.out.matmul(&up)?;
             x = kernels::add_norm(&down, &x, &l.out_norm, self.eps)?;
         }

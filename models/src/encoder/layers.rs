@@ -4,7 +4,11 @@
 use candle_core::{DType, Storage, Tensor};
 use candle_nn::VarBuilder;
 
-use crate::{int8::QuantLinear, ModelError};
+use super::act::Act;
+use crate::{
+    int8::{Epilogue, QuantLinear},
+    ModelError,
+};
 
 /// A dense layer's weight: f32/f16/bf16 transposed to `[in, out]` at load (contiguous
 /// for `x.matmul(w)`), or, after [`Weight::quantize_int8`], int8 for the CPU.
@@ -38,7 +42,31 @@ impl Weight {
     pub(crate) fn matmul(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         match self {
             Weight::Float(w) => Ok(x.matmul(w)?),
-            Weight::Int8(q) => int8_matmul(q, x),
+            Weight::Int8(q) => int8_matmul(q, x, Epilogue::None),
+        }
+    }
+
+    /// `x · w + bias`; in int8 the bias is added as the kernel stores each output.
+    pub(crate) fn matmul_bias(&self, x: &Tensor, bias: &Tensor) -> Result<Tensor, ModelError> {
+        match self {
+            Weight::Float(w) => Ok(x.matmul(w)?.broadcast_add(bias)?),
+            Weight::Int8(q) => int8_matmul(q, x, Epilogue::Bias(&bias.to_vec1::<f32>()?)),
+        }
+    }
+
+    /// `act(x · w + bias)`; in int8 with the exact GELU, both are applied as the kernel
+    /// stores each output (no second pass over the feed-forward's widest tensor).
+    pub(crate) fn matmul_bias_act(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        act: Act,
+    ) -> Result<Tensor, ModelError> {
+        match self {
+            Weight::Int8(q) if act == Act::Gelu => {
+                int8_matmul(q, x, Epilogue::BiasGelu(&bias.to_vec1::<f32>()?))
+            }
+            _ => Ok(act.with_bias(&self.matmul(x)?, bias)?),
         }
     }
 
@@ -71,7 +99,7 @@ impl Weight {
 }
 
 /// The int8 product on the f32 CPU tensor `x` (any leading dimensions), read in place.
-fn int8_matmul(q: &QuantLinear, x: &Tensor) -> Result<Tensor, ModelError> {
+fn int8_matmul(q: &QuantLinear, x: &Tensor, epi: Epilogue) -> Result<Tensor, ModelError> {
     let x = x.contiguous()?;
     let mut dims = x.dims().to_vec();
     let k = dims.last().copied().unwrap_or(1);
@@ -85,7 +113,7 @@ fn int8_matmul(q: &QuantLinear, x: &Tensor) -> Result<Tensor, ModelError> {
         let (start, end) = layout
             .contiguous_offsets()
             .ok_or_else(|| candle_core::Error::Msg("int8 input is not contiguous".into()))?;
-        q.forward(&data[start..end], m)
+        q.forward(&data[start..end], m, epi)
     };
     if let Some(last) = dims.last_mut() {
         *last = q.out_features();
