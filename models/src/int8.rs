@@ -63,6 +63,7 @@ pub(crate) struct QuantLinear {
 impl QuantLinear {
     /// Quantizes `w`, row-major `[n, k]` (one row per output).
     pub(crate) fn new(w: &[f32], n: usize, k: usize) -> Self {
+        assert!(n > 0 && k > 0, "an empty layer [{n}, {k}]");
         assert_eq!(w.len(), n * k, "weight is not [{n}, {k}]");
         let k4 = k.div_ceil(4) * 4;
         let panels = n.div_ceil(PANEL);
@@ -195,7 +196,13 @@ impl RowScale {
     /// The range `[min, max]` (widened to hold 0, so zero stays exact) over 255 levels.
     fn of(min: f32, max: f32) -> Self {
         let (min, max) = (min.min(0.0), max.max(0.0));
-        let scale = if max > min { (max - min) / 255.0 } else { 1.0 };
+        // A range so small that its reciprocal would overflow is a row of zeros.
+        let scale = (max - min) / 255.0;
+        let scale = if (1.0 / scale).is_finite() {
+            scale
+        } else {
+            1.0
+        };
         let zero = (-min / scale).round_ties_even().clamp(0.0, 255.0) as i32;
         Self { scale, zero }
     }
@@ -483,6 +490,19 @@ mod tests {
                 assert_eq!(*g, unsafe { portable[i].assume_init() }, "{epi:?} at {i}");
             }
         }
+    }
+
+    /// A row whose range is below what a reciprocal can hold quantizes like zeros, on
+    /// both paths alike, instead of overflowing.
+    #[test]
+    fn a_subnormal_range_is_a_row_of_zeros() {
+        let q = QuantLinear::new(&[1.0; 4], 1, 4);
+        let x = [1e-38, -1e-38, 0.0, 2e-38];
+        assert_eq!(q.forward(&x, 1, Epilogue::None), vec![0.0]);
+        let mut scalar = [0u8; 4];
+        let rs = quantize_row(&x, &mut scalar);
+        let (qa, sa) = q.quantize_rows(&x, 1);
+        assert_eq!((&qa[..], sa[0]), (&scalar[..], rs));
     }
 
     /// A zero row or column quantizes with scale 1, not a division by zero.

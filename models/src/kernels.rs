@@ -421,9 +421,10 @@ mod avx512 {
     /// `vscalefps`.
     #[target_feature(enable = "avx512f")]
     fn exp16(x: __m512) -> __m512 {
+        // NaN as the second operand: `maxps`/`minps` return it, as the scalar clamp does.
         let x = _mm512_min_ps(
-            _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
             _mm512_set1_ps(88.0),
+            _mm512_max_ps(_mm512_set1_ps(-87.0), x),
         );
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
@@ -798,6 +799,15 @@ mod tests {
             let row: Vec<f32> = randn(&[n], 4.0).to_vec1().unwrap();
             let mut row = row;
             row[n / 2] = -1e4;
+            if n == 33 {
+                // A NaN score stays NaN on both paths (the clamp must not swallow it).
+                let mut bad = row.clone();
+                bad[3] = f32::NAN;
+                let mut fast = bad.clone();
+                softmax_row(&mut fast);
+                softmax_body(&mut bad);
+                assert!(fast.iter().all(|v| v.is_nan()) && bad.iter().all(|v| v.is_nan()));
+            }
             let mut want = row.clone();
             softmax_body(&mut want);
             let mut got = row.clone();
