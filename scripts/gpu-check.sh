@@ -3,8 +3,9 @@
 # sentence-transformers there; no crates registry, no network, no Temporal). It reports:
 #   a. the NVML inventory as gpulane sees it (`gpulane devices`);
 #   b. `embed` correctness against sentence-transformers on the same card, in float32 and
-#      float16 (cosine min / mean, max abs difference), via `gpulane bench --dump`;
-#   c. throughput in tokens/s at batch sizes 8, 32, 128, gpulane f16 beside
+#      float16 (cosine min / mean, max abs difference), via `gpulane bench --dump`, on both
+#      attention routes (the varlen kernel, and the padded path it replaced);
+#   c. throughput in tokens/s at batch sizes 8, 32, 128, gpulane f16 on both routes beside
 #      sentence-transformers fp16 on the same card, and the ratio;
 #   d. VRAM admission against real NVML readings: `gpulane admission` before, while a second
 #      process (PyTorch) holds all but 1 GiB of the card, and after it lets go.
@@ -95,13 +96,17 @@ grep -q '^gpu 0:' "$out/devices.txt" || die "gpulane sees no GPU through NVML (s
 # --- b. correctness ---------------------------------------------------------------------
 "$py" scripts/gpu_check.py corpus --n 1000 --out "$work/check.txt"
 "$py" scripts/gpu_check.py corpus --n "${GPU_CHECK_TEXTS:-10000}" --seed 7 --out "$work/speed.txt"
-for dt in f32 f16; do
-  say "b. correctness in $dt"
-  "$bin" bench --model "minilm=$model" --corpus "$work/check.txt" --device cuda:0 --dtype "$dt" \
-    --batch-rows 32 --repeat 1 --warmup 1 --dump "$work/gpulane-$dt.jsonl" \
-    --json "$out/bench-check-$dt.json" 2>>"$out/bench.log"
-  "$py" scripts/gpu_check.py compare --model "$model" --corpus "$work/check.txt" \
-    --dump "$work/gpulane-$dt.jsonl" --dtype "$dt" --out "$out/correctness-$dt.json"
+# Both attention routes: gpulane's varlen kernel (the default) and the padded candle-ops
+# path it replaced (`--gpu-attention padded`), so one run on a card is the before and after.
+for route in varlen padded; do
+  for dt in f32 f16; do
+    say "b. correctness in $dt, $route attention"
+    "$bin" bench --model "minilm=$model" --corpus "$work/check.txt" --device cuda:0 --dtype "$dt" \
+      --attention "$route" --batch-rows 32 --repeat 1 --warmup 1 --dump "$work/gpulane-$dt-$route.jsonl" \
+      --json "$out/bench-check-$dt-$route.json" 2>>"$out/bench.log"
+    "$py" scripts/gpu_check.py compare --model "$model" --corpus "$work/check.txt" \
+      --dump "$work/gpulane-$dt-$route.jsonl" --dtype "$dt" --out "$out/correctness-$dt-$route.json"
+  done
 done
 
 # --- c. throughput ----------------------------------------------------------------------
@@ -109,7 +114,8 @@ say "c. throughput"
 devices=cuda:0
 [[ "${GPU_CHECK_CPU:-0}" == 1 ]] && devices=cuda:0,cpu
 "$bin" bench --model "minilm=$model" --corpus "$work/speed.txt" --device "$devices" --dtype f16 \
-  --batch-rows 8,32,128 --repeat 5 --warmup 1 --json "$out/gpulane-speed.json" 2>>"$out/bench.log"
+  --attention varlen,padded --batch-rows 8,32,128 --repeat 5 --warmup 1 \
+  --json "$out/gpulane-speed.json" 2>>"$out/bench.log"
 "$py" scripts/gpu_check.py st-speed --model "$model" --corpus "$work/speed.txt" \
   --batch-sizes 8,32,128 --dtype f16 --repeat 5 --out "$out/st-speed.json"
 

@@ -290,16 +290,18 @@ def cmd_report(a):
         with open(os.path.join(d, "devices.txt"), encoding="utf-8") as f:
             lines += ["## Inventory (gpulane devices)", "", "```", f.read().rstrip(), "```", ""]
     lines += ["## embed vs sentence-transformers (same card, same weights)", "",
-              "| dtype | texts | cosine min | cosine mean | max abs diff |", "|---|---|---|---|---|"]
-    for dt in ("f32", "f16"):
-        c = load(os.path.join(d, f"correctness-{dt}.json"))
-        if c:
-            lines.append(f"| {dt} | {c['texts']} | {c['cosine_min']:.6f} | {c['cosine_mean']:.6f} | {c['max_abs_diff']:.2e} |")
-        else:
-            lines.append(f"| {dt} | missing | | | |")
-    lines += ["", "## Throughput, tokens/s (median)", "",
-              "| device | dtype | batch rows | gpulane | sentence-transformers fp16 | gpulane / ST |",
+              "| dtype | attention | texts | cosine min | cosine mean | max abs diff |",
               "|---|---|---|---|---|---|"]
+    for route in ("varlen", "padded"):
+        for dt in ("f32", "f16"):
+            c = load(os.path.join(d, f"correctness-{dt}-{route}.json"))
+            if c:
+                lines.append(f"| {dt} | {route} | {c['texts']} | {c['cosine_min']:.6f} | {c['cosine_mean']:.6f} | {c['max_abs_diff']:.2e} |")
+            else:
+                lines.append(f"| {dt} | {route} | missing | | | |")
+    lines += ["", "## Throughput, tokens/s (median)", "",
+              "| device | dtype | attention | batch rows | gpulane | sentence-transformers fp16 | gpulane / ST |",
+              "|---|---|---|---|---|---|---|"]
     ours = load(os.path.join(d, "gpulane-speed.json")) or {"results": []}
     st = load(os.path.join(d, "st-speed.json")) or {"results": []}
     st_by_rows = {r["batch_rows"]: r for r in st["results"]}
@@ -307,7 +309,7 @@ def cmd_report(a):
         s = st_by_rows.get(r["batch_rows"]) if r["device"].startswith("cuda") else None
         ratio = f"{r['tokens_per_s'] / s['tokens_per_s']:.2f}" if s else "-"
         st_tps = f"{s['tokens_per_s']:,.0f}" if s else "-"
-        lines.append(f"| {r['device']} | {r['dtype']} | {r['batch_rows']} | {r['tokens_per_s']:,.0f} | {st_tps} | {ratio} |")
+        lines.append(f"| {r['device']} | {r['dtype']} | {r.get('attention', '-')} | {r['batch_rows']} | {r['tokens_per_s']:,.0f} | {st_tps} | {ratio} |")
     lines += ["", "## VRAM admission against NVML (MiniLM embed)", "",
               "| moment | free GiB | embed cost MiB | admits |", "|---|---|---|---|"]
     flips = []

@@ -12,7 +12,7 @@ use tokenizers::Tokenizer;
 use crate::{
     batcher::{run_now, BatchLimits, Forward, Row},
     config::{Arch, ModernBertConfig},
-    encoder::{Act, Encoder, Norm},
+    encoder::{Act, Attention, Encoder, Norm},
     model_dir::{truncate_at, ModelDir, ModelIdentity},
     st_dir::{default_batch_tokens, read_json, working_bytes, MAX_BATCH_ROWS},
     ModelError, Pooling,
@@ -123,6 +123,11 @@ impl CrossEncoder {
         self.encoder.quantize_int8()?;
         self.info.identity.int8 = true;
         Ok(())
+    }
+
+    /// Which attention route the model takes on a card.
+    pub(crate) fn set_attention(&mut self, attention: Attention) {
+        self.encoder.set_attention(attention);
     }
 
     /// Loads the cross-encoder in `dir` onto `device` in `dtype`.

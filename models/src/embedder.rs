@@ -9,7 +9,7 @@ use tokenizers::Tokenizer;
 
 use crate::{
     batcher::{run_now, BatchLimits, Forward, Row},
-    encoder::Encoder,
+    encoder::{Attention, Encoder, Route},
     model_dir::truncate_at,
     pooling::l2_normalize,
     st_dir::{DenseAct, DenseSpec, SentenceTransformerDir, MAX_BATCH_ROWS},
@@ -145,11 +145,25 @@ impl Embedder {
         Ok(())
     }
 
-    /// Runs attention on the padded path, the one CUDA and f16/bf16 take, even on the
-    /// CPU in f32: for tests that hold that path to the f32 references.
+    /// Runs attention on the padded path (f16/bf16 on the CPU, `--gpu-attention
+    /// padded` on cards) even on the CPU in f32: for tests that hold that path to the f32
+    /// references.
     #[doc(hidden)]
     pub fn force_padded_attention(&mut self) {
-        self.model.force_padded();
+        self.model.force_route(Route::Padded);
+    }
+
+    /// Runs attention on the varlen route cards take, on the CPU through the kernel's
+    /// Rust twin (`varlen.rs`): for tests that hold its key ranges and head arithmetic to
+    /// the f32 references.
+    #[doc(hidden)]
+    pub fn force_varlen_attention(&mut self) {
+        self.model.force_route(Route::Varlen);
+    }
+
+    /// Which attention route the model takes on a card.
+    pub(crate) fn set_attention(&mut self, attention: Attention) {
+        self.model.set_attention(attention);
     }
 
     /// The model's description.

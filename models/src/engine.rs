@@ -14,6 +14,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::{
     batcher::{self, BatchCounters, BatchObserver, Forward, Progress, Request, Row},
+    encoder::Attention,
     st_dir::{read_json, MAX_BATCH_ROWS},
     tokenizing::Tokenizing,
     CrossEncoder, CrossEncoderInfo, EmbedOptions, Embedder, Embeddings, ModelError, ModelIdentity,
@@ -36,6 +37,8 @@ pub struct EngineOptions {
     pub dtype: DType,
     /// Quantize the dense layers to dynamic int8 at load: opt-in, CPU and f32 only.
     pub int8: bool,
+    /// How attention runs on a card (the CPU in f32 always runs its packed kernel).
+    pub attention: Attention,
     /// Embedders: most padded tokens per forward pass; `None` keeps the default.
     pub batch_tokens: Option<usize>,
     /// Most texts (or pairs) per forward pass; `None` keeps the default (32).
@@ -75,6 +78,7 @@ impl Default for EngineOptions {
         Self {
             dtype: DType::F32,
             int8: false,
+            attention: Attention::default(),
             batch_tokens: None,
             batch_rows: None,
             batch_wait: Duration::from_millis(2),
@@ -91,6 +95,7 @@ impl fmt::Debug for EngineOptions {
         f.debug_struct("EngineOptions")
             .field("dtype", &self.dtype)
             .field("int8", &self.int8)
+            .field("attention", &self.attention)
             .field("batch_tokens", &self.batch_tokens)
             .field("batch_rows", &self.batch_rows)
             .field("batch_wait", &self.batch_wait)
@@ -343,6 +348,7 @@ impl Engine {
             if opts.int8 {
                 m.quantize_int8()?;
             }
+            m.set_attention(opts.attention);
             let kind = ModelKind::CrossEncoder(m.info().clone());
             let mut limits = m.limits(rows, opts.batch_wait);
             if let Some(t) = opts.batch_tokens {
@@ -354,6 +360,7 @@ impl Engine {
             if opts.int8 {
                 m.quantize_int8()?;
             }
+            m.set_attention(opts.attention);
             if let Some(t) = opts.batch_tokens {
                 m.set_batch_tokens(t);
             }

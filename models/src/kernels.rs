@@ -5,10 +5,11 @@
 //! allocate and walk a full activation tensor.
 //!
 //! `bias_gelu`, `gated_gelu` and `add_norm` run the fused kernel for contiguous f32
-//! tensors on the CPU and the equivalent chain of candle ops everywhere else (CUDA,
-//! f16/bf16), so callers never branch on the device; packed `attention` (optionally
-//! windowed) is CPU-f32 only, and `masked_softmax` with its `band` is the padded attention
-//! path's plain-candle softmax for the other devices. Kernels run on rayon's pool, the one
+//! tensors on the CPU, gpulane's CUDA kernels on cards (`cuda.rs`, f32/f16/bf16), and the
+//! equivalent chain of candle ops elsewhere (the CPU in f16/bf16), so callers never branch
+//! on the device; packed `attention` (optionally windowed) is CPU-f32 only (cards have
+//! `varlen.rs`), and `masked_softmax` with its `band` is the padded attention path's
+//! plain-candle softmax. Kernels run on rayon's pool, the one
 //! candle's matmul uses, and are compiled twice: once for AVX2+FMA (picked at run time)
 //! and once for the baseline.
 
@@ -204,12 +205,13 @@ pub(crate) enum Mask<'a> {
 
 /// An additive attention bias that depends only on the head and the relative position
 /// j − i, for rows up to `span` tokens: `table[head · (2·span − 1) + (j − i + span − 1)]`
-/// for the packed kernel, and the same values as `[1, heads, span, span]` for the padded
-/// path.
+/// for the packed kernel, the same table on the batch's device for the varlen route, and
+/// the same values as `[1, heads, span, span]` for the padded path.
 #[derive(Debug)]
 pub(crate) struct RelativeBias {
     pub span: usize,
     pub table: Vec<f32>,
+    pub on_device: Option<Tensor>,
     pub padded: Option<Tensor>,
 }
 
@@ -467,11 +469,21 @@ mod avx512 {
 // Custom ops.
 
 fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
-    let CpuStorage::F32(v) = s else {
-        candle_core::bail!("{what}: expected f32, got {:?}", s.dtype())
-    };
+    cpu_slice::<f32>(s, l, what)
+}
+
+/// A contiguous CPU tensor's values of type `T`, at its layout's offsets.
+pub(crate) fn cpu_slice<'a, T: candle_core::WithDType>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<&'a [T]> {
+    if s.dtype() != T::DTYPE {
+        candle_core::bail!("{what}: expected {:?}, got {:?}", T::DTYPE, s.dtype());
+    }
+    let all = s.as_slice::<T>()?;
     match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&v[a..b]),
+        Some((a, b)) => Ok(&all[a..b]),
         None => candle_core::bail!("{what}: input must be contiguous"),
     }
 }
@@ -503,6 +515,20 @@ impl CustomOp2 for BiasGelu {
             });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((
+            crate::cuda::bias_gelu((s1, l1), (s2, l2))?,
+            l1.shape().clone(),
+        ))
+    }
 }
 
 struct GatedGelu;
@@ -525,6 +551,19 @@ impl CustomOp1 for GatedGelu {
                 }
             });
         Ok((CpuStorage::F32(out), Shape::from((n, i))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (n, two_i) = l1.shape().dims2()?;
+        Ok((
+            crate::cuda::gated_gelu((s1, l1))?,
+            Shape::from((n, two_i / 2)),
+        ))
     }
 }
 
@@ -560,6 +599,20 @@ impl CustomOp3 for AddNorm {
                 }
             });
         Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = crate::cuda::add_norm((s1, l1), (s2, l2), (s3, l3), self.eps)?;
+        Ok((out, l1.shape().clone()))
     }
 }
 
@@ -636,10 +689,18 @@ pub(crate) fn packed_attention_runs(device: &candle_core::Device, dtype: DType) 
     device.is_cpu() && dtype == DType::F32
 }
 
-/// Whether the fused CPU kernels (`bias_gelu`, `gated_gelu`, `add_norm`) run for this
-/// tensor.
+/// Whether the fused kernels (`bias_gelu`, `gated_gelu`, `add_norm`) run for this
+/// tensor: gpulane's CPU ones in f32, its CUDA ones (`models/cuda/kernels.cu`) in f32,
+/// f16 and bf16.
 fn fused(t: &Tensor) -> bool {
-    t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous()
+    t.is_contiguous()
+        && match t.device() {
+            candle_core::Device::Cpu => t.dtype() == DType::F32,
+            candle_core::Device::Cuda(_) => {
+                cfg!(feature = "cuda") && matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
+            }
+            _ => false,
+        }
 }
 
 /// GELU (erf) of `x + bias`, `bias` broadcast over the last dimension.
@@ -1037,6 +1098,7 @@ mod tests {
         let rel = RelativeBias {
             span,
             table: table.clone(),
+            on_device: None,
             padded: None,
         };
         let cases: [(Mask, BiasFn); 3] = [

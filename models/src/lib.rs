@@ -10,6 +10,8 @@ mod batcher;
 mod checkpoint;
 mod config;
 mod cross_encoder;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod embedder;
 mod encoder;
 mod engine;
@@ -18,14 +20,18 @@ mod int8;
 mod kernels;
 mod model_dir;
 mod pooling;
+#[cfg(test)]
+mod simt_tests;
 mod st_dir;
 mod tokenizing;
+mod varlen;
 
 pub use crate::{
     batcher::{BatchCounters, BatchObserver, BatchTotals, Progress},
     config::Family,
     cross_encoder::{CrossEncoder, CrossEncoderInfo, Scores},
     embedder::{EmbedOptions, Embedder, Embeddings},
+    encoder::Attention,
     engine::{
         DeviceMemory, Engine, EngineDevice, EngineLife, EngineLoad, EngineOptions, ModelKind,
     },

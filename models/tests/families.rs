@@ -1,9 +1,10 @@
 //! The families beyond BERT, XLM-R and ModernBERT, against sentence-transformers'
 //! references (`models/tests/data/make_tiny_families.py`, CPU, float32): MPNet,
 //! DistilBERT, BERT with a Dense head, and Qwen3 (last token, instruction prompts, a
-//! sharded bf16-stored checkpoint). Each runs on both attention paths (the packed CPU
-//! kernel and the padded path CUDA takes) and in several groupings of mixed-length rows,
-//! so neither padding nor packing can leak between rows unseen.
+//! sharded bf16-stored checkpoint). Each runs on every attention route (the packed CPU
+//! kernel, the padded path, and the varlen route cards take, through its kernel's CPU
+//! twin) and in several groupings of mixed-length rows, so neither padding nor packing
+//! can leak between rows unseen.
 
 mod common;
 
@@ -11,16 +12,18 @@ use common::*;
 use gpulane_models::{EmbedOptions, Embedder, Family, ModelError, Pooling};
 
 /// Embeds the reference texts in one call, then in groups of five (other neighbours, other
-/// padding), then in reverse order, on both attention paths, and compares each to the
-/// reference. Returns the reference and the model (packed path) for further checks.
+/// padding), then in reverse order, on every attention route, and compares each to the
+/// reference. Returns the reference and the model (packed route) for further checks.
 fn check(name: &str, family: Family, pooling: Pooling) -> (serde_json::Value, Embedder) {
     let dir = own_fixture(name);
-    for padded in [true, false] {
+    for route in ["padded", "varlen", "packed"] {
         let (r, mut model) = embedder_and_reference(&dir, candle_core::DType::F32);
-        if padded {
-            model.force_padded_attention();
+        match route {
+            "padded" => model.force_padded_attention(),
+            "varlen" => model.force_varlen_attention(),
+            _ => {}
         }
-        let what = format!("{name} ({} path)", if padded { "padded" } else { "packed" });
+        let what = format!("{name} ({route} route)");
         assert_eq!(model.info().identity.family, family, "{what}");
         assert_eq!(model.info().pooling, pooling, "{what}");
         assert_eq!(
@@ -48,7 +51,7 @@ fn check(name: &str, family: Family, pooling: Pooling) -> (serde_json::Value, Em
             .vectors;
         got.reverse();
         assert_close(&got, &want, &format!("{what}, reversed"));
-        if !padded {
+        if route == "packed" {
             return (r, model);
         }
     }

@@ -176,6 +176,46 @@ fn minilm_padded_path_in_bf16_stays_close_to_the_reference() {
     assert_cosine_at_least(&out.vectors, &floats(&r["embeddings"]), 0.99, "minilm bf16");
 }
 
+/// MiniLM on the CPU in f32.
+fn minilm_f32() -> Embedder {
+    Embedder::load(
+        &minilm_dir(),
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap()
+}
+
+/// The varlen route cards take (one kernel launch per layer over packed rows, no
+/// padding), through its kernel's CPU twin in f32: MiniLM (every key of the row) and
+/// ModernBERT (its local layers' window) meet the references as tightly as the packed
+/// kernel does, in one batch and one text at a time.
+#[test]
+fn varlen_route_matches_the_references_in_f32() {
+    let r = reference(&fixtures().join("minilm/reference.json"));
+    let mut model = minilm_f32();
+    model.force_varlen_attention();
+    let want = floats(&r["embeddings"]);
+    let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
+    assert_close(&out.vectors, &want, "minilm (varlen route)");
+    let one = model
+        .embed(&texts(&r)[..1], EmbedOptions::default())
+        .unwrap();
+    assert_close(&one.vectors, &want[..1], "minilm (varlen route), alone");
+
+    let (r, mut model) = embedder_and_reference(
+        &own_fixture("tiny-modernbert-mean"),
+        candle_core::DType::F32,
+    );
+    model.force_varlen_attention();
+    let out = model.embed(&texts(&r), EmbedOptions::default()).unwrap();
+    assert_close(
+        &out.vectors,
+        &floats(&r["embeddings"]),
+        "tiny-modernbert-mean (varlen route)",
+    );
+}
+
 /// ModernBERT with the hub's config spelling, no biases, mean pooling; its long texts
 /// run past the sliding window of its local layers.
 #[test]
@@ -257,12 +297,7 @@ fn tiny_modernbert_reranker_matches_transformers() {
 #[test]
 fn minilm_in_int8_stays_within_cosine_0_99_of_the_reference() {
     let r = reference(&fixtures().join("minilm/reference.json"));
-    let mut model = Embedder::load(
-        &minilm_dir(),
-        &candle_core::Device::Cpu,
-        candle_core::DType::F32,
-    )
-    .unwrap();
+    let mut model = minilm_f32();
     let texts = texts(&r);
     let exact = model.embed(&texts, EmbedOptions::default()).unwrap();
     model.quantize_int8().unwrap();

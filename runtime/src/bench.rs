@@ -68,6 +68,17 @@ pub struct BenchArgs {
     )]
     pub batch_rows: Vec<u64>,
 
+    /// How attention runs on a card, as a comma list (`varlen`, `padded`; see `gpulane
+    /// run --gpu-attention`): one measurement per value on each card. The CPU in f32
+    /// always runs its packed kernel, measured once.
+    #[arg(
+        long,
+        env = "GPULANE_BENCH_ATTENTION",
+        default_value = "varlen",
+        value_delimiter = ','
+    )]
+    pub attention: Vec<gpulane_models::Attention>,
+
     /// Measured runs per (device, batch size); the median is reported.
     #[arg(long, env = "GPULANE_BENCH_REPEAT", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub repeat: u64,
@@ -297,6 +308,8 @@ struct Measurement {
     #[serde(skip_serializing_if = "Option::is_none")]
     gpu_name: Option<String>,
     dtype: &'static str,
+    /// `packed` (the CPU), or the card's `varlen` / `padded`.
+    attention: &'static str,
     batch_rows: usize,
     texts: usize,
     tokens: usize,
@@ -402,11 +415,21 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
                 EngineDevice::Cuda(_) => (DType::F16, false),
             },
         };
-        for &rows in &args.batch_rows {
+        // The CPU has one route; a card one per `--attention` value.
+        let routes: Vec<Option<gpulane_models::Attention>> = match t.engine {
+            EngineDevice::Cpu => vec![None],
+            EngineDevice::Cuda(_) => args.attention.iter().copied().map(Some).collect(),
+        };
+        for (&rows, route) in args
+            .batch_rows
+            .iter()
+            .flat_map(|r| routes.iter().map(move |a| (r, a)))
+        {
             let rows = rows as usize;
             let opts = EngineOptions {
                 dtype,
                 int8,
+                attention: route.unwrap_or_default(),
                 batch_rows: Some(rows),
                 batch_tokens: Some(rows.saturating_mul(info.max_seq_length)),
                 // One caller: nothing else can join a batch, so never wait for one.
@@ -456,6 +479,7 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
                 gpu_uuid: t.gpu.as_ref().map(|g| g.uuid.clone()),
                 gpu_name: t.gpu.as_ref().map(|g| g.name.clone()),
                 dtype: if int8 { "int8" } else { dtype.as_str() },
+                attention: route.map_or("packed", |a| a.as_str()),
                 batch_rows: rows,
                 texts: texts.len(),
                 tokens,
@@ -464,21 +488,30 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
                 texts_per_s: texts.len() as f64 / med,
                 tokens_per_s: tokens as f64 / med,
             };
-            tracing::info!(device = %m.device, dtype = m.dtype, batch_rows = rows,
+            tracing::info!(device = %m.device, dtype = m.dtype, attention = m.attention, batch_rows = rows,
                 seconds = med, tokens_per_s = m.tokens_per_s, "measured");
             results.push(m);
         }
     }
 
     println!(
-        "{:<10} {:<5} {:>10} {:>7} {:>9} {:>10} {:>10} {:>11}",
-        "device", "dtype", "batch_rows", "texts", "tokens", "median_s", "texts/s", "tokens/s"
+        "{:<10} {:<5} {:<9} {:>10} {:>7} {:>9} {:>10} {:>10} {:>11}",
+        "device",
+        "dtype",
+        "attention",
+        "batch_rows",
+        "texts",
+        "tokens",
+        "median_s",
+        "texts/s",
+        "tokens/s"
     );
     for m in &results {
         println!(
-            "{:<10} {:<5} {:>10} {:>7} {:>9} {:>10.4} {:>10.1} {:>11.1}",
+            "{:<10} {:<5} {:<9} {:>10} {:>7} {:>9} {:>10.4} {:>10.1} {:>11.1}",
             m.device,
             m.dtype,
+            m.attention,
             m.batch_rows,
             m.texts,
             m.tokens,

@@ -384,6 +384,13 @@ pub struct RunArgs {
     #[arg(long, env = "GPULANE_BATCH_ROWS", default_value_t = 32, value_parser = at_least_one())]
     pub batch_rows: usize,
 
+    /// How attention runs on cards: `varlen` (gpulane's packed kernel: no padding, one
+    /// launch per layer) or `padded` (candle ops over rows padded per length group, the
+    /// route before the kernel: to compare with, or to fall back on). The CPU in f32
+    /// always runs its own packed kernel.
+    #[arg(long, env = "GPULANE_GPU_ATTENTION", default_value = "varlen")]
+    pub gpu_attention: gpulane_models::Attention,
+
     /// Where to serve /metrics, /healthz and /readyz (host:port; port 0 picks one; `off`
     /// disables).
     #[arg(

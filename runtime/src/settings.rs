@@ -171,6 +171,8 @@ pub(crate) struct Settings {
     pub memory_refresh: Duration,
     pub batch_wait: Duration,
     pub batch_rows: usize,
+    /// `--gpu-attention`.
+    pub gpu_attention: gpulane_models::Attention,
     pub metrics_address: Option<SocketAddr>,
     pub admin_address: Option<SocketAddr>,
     pub graceful_shutdown: Duration,
@@ -314,6 +316,7 @@ impl Settings {
             memory_refresh: Duration::from_millis(args.memory_refresh_ms.max(10)),
             batch_wait: Duration::from_millis(args.batch_wait_ms),
             batch_rows: args.batch_rows,
+            gpu_attention: args.gpu_attention,
             metrics_address: address("--metrics-address", &args.metrics_address)?,
             admin_address: address("--admin-address", &args.admin_address)?,
             graceful_shutdown: Duration::from_secs(args.graceful_shutdown_secs),

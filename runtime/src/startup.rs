@@ -243,6 +243,7 @@ pub(crate) fn load_device(
             dtype: if on_cpu { DType::F32 } else { m.dtype },
             // Simulated cards run on the CPU too, but stand for cards: f32, never int8.
             int8: on_cpu && plan.gpu.is_none() && m.cpu_int8,
+            attention: settings.gpu_attention,
             batch_tokens: m.batch_tokens,
             batch_rows: Some(settings.batch_rows),
             batch_wait: settings.batch_wait,

@@ -1,7 +1,8 @@
-//! One batch's rows laid out for a forward pass, and its attention: the fused packed
-//! kernel on the CPU in f32; everywhere else (CUDA, f16, bf16) a padded `[b, heads, t, t]`
-//! path per *length group*, so that one long row does not pad every short one to its
-//! length.
+//! One batch's rows laid out for a forward pass, and its attention, by one of three routes:
+//! the fused packed kernel on the CPU in f32; on cards, gpulane's varlen kernel (packed
+//! rows, no padding, one launch per layer: `varlen.rs`); and the padded `[b, heads, t, t]`
+//! path in candle ops, per *length group* so that one long row does not pad every short
+//! one to its length (the CPU in f16/bf16, and cards with `--gpu-attention padded`).
 
 use std::cell::OnceCell;
 
@@ -11,8 +12,76 @@ use super::Packed;
 use crate::{
     batcher::Row,
     kernels::{self, Heads, Mask},
+    varlen::{self, Varlen},
     ModelError,
 };
+
+/// How attention runs on a card (the CPU in f32 always runs its fused packed kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Attention {
+    /// gpulane's varlen kernel: packed rows, no padding.
+    #[default]
+    Varlen,
+    /// The padded path in candle ops, per length group: the route before the varlen
+    /// kernel, kept to compare with and to fall back on.
+    Padded,
+}
+
+impl Attention {
+    /// The name the flags use: `varlen` or `padded`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Attention::Varlen => "varlen",
+            Attention::Padded => "padded",
+        }
+    }
+}
+
+impl std::str::FromStr for Attention {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "varlen" => Ok(Attention::Varlen),
+            "padded" => Ok(Attention::Padded),
+            other => Err(format!("attention {other:?}: use varlen or padded")),
+        }
+    }
+}
+
+/// The route a batch takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    Packed,
+    Varlen,
+    Padded,
+}
+
+/// What a model was told about routes: the card's choice, and a route forced on every
+/// device (tests run the varlen twin and the padded path on the CPU in f32 this way).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Routing {
+    pub(crate) card: Attention,
+    pub(crate) forced: Option<Route>,
+}
+
+impl Routing {
+    /// `forced` wins; else the CPU in f32 packs, a card takes its choice, and the CPU in
+    /// f16/bf16 pads.
+    pub(crate) fn pick(&self, device: &Device, dtype: DType) -> Route {
+        if let Some(r) = self.forced {
+            return r;
+        }
+        if kernels::packed_attention_runs(device, dtype) {
+            Route::Packed
+        } else if device.is_cuda() && self.card == Attention::Varlen && varlen::runs(device, dtype)
+        {
+            Route::Varlen
+        } else {
+            Route::Padded
+        }
+    }
+}
 
 /// Packed token ids, each token's position in its row, each row's start and length, and,
 /// off the fused CPU path, what the padded attention path needs.
@@ -26,7 +95,14 @@ pub(crate) struct Batch {
     /// Leading tokens of each row that pooling leaves out (a prompt, when the model's
     /// pooling config says `include_prompt: false`).
     skips: Vec<usize>,
-    pad: Option<Padding>,
+    layout: Layout,
+}
+
+/// What the batch's route needs beyond the packed rows.
+enum Layout {
+    Packed,
+    Varlen(Varlen),
+    Padded(Padding),
 }
 
 /// Which additive term besides the key mask a padded batch has built.
@@ -95,17 +171,15 @@ fn length_groups(lens: &[usize]) -> Vec<Vec<usize>> {
 }
 
 impl Batch {
-    /// Lays out `rows` for a model on `device` in `dtype`: only the CPU in f32 has the
-    /// fused packed attention kernel; everything else takes the padded path.
+    /// Lays out `rows` for a model on `device` in `dtype`, for attention by `route`.
     pub(crate) fn new(
         rows: &[&Row],
         device: &Device,
         dtype: DType,
-        force_padded: bool,
+        route: Route,
     ) -> Result<Self, ModelError> {
         let lens: Vec<usize> = rows.iter().map(|r| r.len()).collect();
         let n: usize = lens.iter().sum();
-        let padded = force_padded || !kernels::packed_attention_runs(device, dtype);
         let mut starts = Vec::with_capacity(rows.len());
         let mut ids: Vec<u32> = Vec::with_capacity(n);
         let mut positions: Vec<u32> = Vec::with_capacity(n);
@@ -114,10 +188,10 @@ impl Batch {
             ids.extend_from_slice(&r.ids);
             positions.extend(0..r.len() as u32);
         }
-        let pad = if padded {
-            Some(Padding::new(&starts, &lens, device, dtype)?)
-        } else {
-            None
+        let layout = match route {
+            Route::Packed => Layout::Packed,
+            Route::Varlen => Layout::Varlen(Varlen::new(&starts, &lens, device)?),
+            Route::Padded => Layout::Padded(Padding::new(&starts, &lens, device, dtype)?),
         };
         Ok(Self {
             ids: Tensor::from_vec(ids, n, device)?,
@@ -125,7 +199,7 @@ impl Batch {
             starts,
             skips: rows.iter().map(|r| r.skip.min(r.len())).collect(),
             lens,
-            pad,
+            layout,
         })
     }
 
@@ -134,9 +208,13 @@ impl Batch {
         self.positions.len()
     }
 
-    /// Whether attention takes the padded path.
-    pub(crate) fn padded(&self) -> bool {
-        self.pad.is_some()
+    /// The route attention takes.
+    pub(crate) fn route(&self) -> Route {
+        match self.layout {
+            Layout::Packed => Route::Packed,
+            Layout::Varlen(_) => Route::Varlen,
+            Layout::Padded(_) => Route::Padded,
+        }
     }
 
     /// The longest row, in tokens.
@@ -158,14 +236,18 @@ impl Batch {
         heads: Heads,
         mask: Mask,
     ) -> Result<Tensor, ModelError> {
-        let Some(p) = &self.pad else {
-            return Ok(kernels::attention(
-                qkv,
-                &self.starts,
-                &self.lens,
-                heads,
-                mask,
-            )?);
+        let p = match &self.layout {
+            Layout::Packed => {
+                return Ok(kernels::attention(
+                    qkv,
+                    &self.starts,
+                    &self.lens,
+                    heads,
+                    mask,
+                )?)
+            }
+            Layout::Varlen(v) => return Ok(v.attend(qkv, heads, mask)?),
+            Layout::Padded(p) => p,
         };
         let outs = p
             .groups
@@ -299,6 +381,7 @@ mod tests {
     use candle_core::Device;
 
     use super::*;
+    use crate::encoder::mpnet::laid_out;
 
     #[test]
     fn rows_of_near_length_share_a_group_and_a_long_one_stands_alone() {
@@ -318,10 +401,11 @@ mod tests {
         assert!(length_groups(&[]).is_empty());
     }
 
-    /// The grouped padded path's index arithmetic: every packed token reads its own row
-    /// and lands back in its own place, for every mask, against the packed CPU kernel.
+    /// The grouped padded path's and the varlen route's index arithmetic: every packed
+    /// token reads its own row (its window, its causal prefix, its relative bias) and lands
+    /// back in its own place, for every mask, against the packed CPU kernel.
     #[test]
-    fn grouped_padded_attention_matches_the_packed_kernel() {
+    fn padded_and_varlen_attention_match_the_packed_kernel() {
         let lens = [7usize, 1, 30, 3, 29, 8, 2, 31];
         let rows: Vec<Row> = lens
             .iter()
@@ -331,24 +415,55 @@ mod tests {
         let heads = Heads { q: 4, kv: 2, d: 8 };
         let n: usize = lens.iter().sum();
         let qkv = Tensor::randn(0f32, 1f32, (n, heads.qkv_width()), &Device::Cpu).unwrap();
-        let packed = Batch::new(&refs, &Device::Cpu, DType::F32, false).unwrap();
-        let padded = Batch::new(&refs, &Device::Cpu, DType::F32, true).unwrap();
-        let groups = padded.pad.as_ref().unwrap().groups.len();
-        assert!(groups >= 3, "{groups} groups for lengths {lens:?}");
-        for mask in [Mask::Full, Mask::Window(4), Mask::Causal] {
+        let batch = |route| Batch::new(&refs, &Device::Cpu, DType::F32, route).unwrap();
+        let (packed, padded, varlen) = (
+            batch(Route::Packed),
+            batch(Route::Padded),
+            batch(Route::Varlen),
+        );
+        let Layout::Padded(p) = &padded.layout else {
+            panic!("the padded route lays out groups");
+        };
+        assert!(
+            p.groups.len() >= 3,
+            "{} groups for lengths {lens:?}",
+            p.groups.len()
+        );
+        let relative = relative_bias(heads.q, 31);
+        for mask in [
+            Mask::Full,
+            Mask::Window(4),
+            Mask::Causal,
+            Mask::Relative(&relative),
+        ] {
             let want = packed.attend(&qkv, heads, mask).unwrap();
-            let got = padded.attend(&qkv, heads, mask).unwrap();
-            let diff: f32 = (want - got)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar()
-                .unwrap();
-            assert!(diff < 1e-5, "{mask:?}: max diff {diff}");
+            for (name, other) in [("padded", &padded), ("varlen", &varlen)] {
+                let got = other.attend(&qkv, heads, mask).unwrap();
+                let diff: f32 = (&want - got)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar()
+                    .unwrap();
+                assert!(diff < 1e-5, "{name}, {mask:?}: max diff {diff}");
+            }
+        }
+    }
+
+    /// A relative bias that differs by head and by signed distance, laid out for every
+    /// route at once.
+    fn relative_bias(heads: usize, span: usize) -> kernels::RelativeBias {
+        let table: Vec<f32> = (0..heads * (2 * span - 1))
+            .map(|k| ((k * 7919) % 23) as f32 * 0.1 - 1.0)
+            .collect();
+        let padded = laid_out(table.clone(), heads, span, Route::Padded, &Device::Cpu).unwrap();
+        kernels::RelativeBias {
+            padded: padded.padded,
+            ..laid_out(table, heads, span, Route::Varlen, &Device::Cpu).unwrap()
         }
     }
 }

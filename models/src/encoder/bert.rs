@@ -6,7 +6,7 @@
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 
-use super::{act::Act, batch::Batch, layers::Weight, mpnet::RelativeTable, Packed};
+use super::{act::Act, batch::Batch, layers::Weight, mpnet::RelativeTable, Packed, Routing};
 use crate::{
     batcher::Row,
     config::{Arch, ModelConfig},
@@ -183,8 +183,8 @@ pub(crate) struct Bert {
     single_type: bool,
     relative: Option<RelativeTable>,
     device: Device,
-    /// Take the padded attention path even where the packed kernel runs (tests).
-    pub(crate) force_padded: bool,
+    /// Which attention route batches take.
+    pub(crate) routing: Routing,
 }
 
 /// The tensor name prefix of the encoder inside the checkpoint: none for
@@ -300,7 +300,7 @@ impl Bert {
             single_type: s.types == Some(1),
             relative,
             device,
-            force_padded: false,
+            routing: Routing::default(),
         })
     }
 
@@ -317,7 +317,12 @@ impl Bert {
     /// Token vectors for `rows`, packed (see the module doc).
     pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
         let dtype = self.word.dtype();
-        let batch = Batch::new(rows, &self.device, dtype, self.force_padded)?;
+        let batch = Batch::new(
+            rows,
+            &self.device,
+            dtype,
+            self.routing.pick(&self.device, dtype),
+        )?;
         let first_position = match self.positions {
             Positions::FromZero => 0,
             Positions::AfterPadding(pad) => pad + 1,
@@ -341,7 +346,7 @@ impl Bert {
         let relative = self
             .relative
             .as_ref()
-            .map(|r| r.bias(batch.longest(), batch.padded(), &self.device))
+            .map(|r| r.bias(batch.longest(), batch.route(), &self.device))
             .transpose()?;
         let mask = match &relative {
             Some(r) => Mask::Relative(r),

@@ -7,8 +7,9 @@
 //! Why not candle-transformers' models: they pad every row to the batch's longest and run
 //! every dense layer over the padding too (17% of the tokens of a short-sentence corpus
 //! even after length sorting), and their element-wise steps were slow on the CPU (see
-//! `kernels`). Here the dense layers (three quarters of the FLOPs) see only real tokens;
-//! attention alone pads, per batch, off the CPU. Weights are laid out once at load for
+//! `kernels`). Here the dense layers (three quarters of the FLOPs) see only real tokens,
+//! and so does attention on the CPU in f32 and on cards (the varlen kernel); only the
+//! CPU in f16/bf16 and `--gpu-attention padded` pad attention, per length group. Weights are laid out once at load for
 //! the fused steps: Q, K and V as one matrix with the 1/√d scale folded in, every matrix
 //! transposed to `[in, out]`.
 
@@ -24,7 +25,12 @@ mod rope;
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
-pub(crate) use self::{act::Act, layers::Norm};
+pub use self::batch::Attention;
+pub(crate) use self::{
+    act::Act,
+    batch::{Route, Routing},
+    layers::Norm,
+};
 use self::{bert::Bert, modernbert::ModernBert, qwen3::Qwen3};
 use crate::{
     batcher::Row,
@@ -54,14 +60,24 @@ impl Encoder {
         })
     }
 
-    /// Makes attention take the padded path (CUDA's, f16's) on the CPU in f32 too, so
-    /// tests can hold that path to the f32 references.
-    pub(crate) fn force_padded(&mut self) {
+    fn routing(&mut self) -> &mut Routing {
         match self {
-            Encoder::Bert(m) => m.force_padded = true,
-            Encoder::ModernBert(m) => m.force_padded = true,
-            Encoder::Qwen3(m) => m.force_padded = true,
+            Encoder::Bert(m) => &mut m.routing,
+            Encoder::ModernBert(m) => &mut m.routing,
+            Encoder::Qwen3(m) => &mut m.routing,
         }
+    }
+
+    /// Which route attention takes on a card.
+    pub(crate) fn set_attention(&mut self, card: Attention) {
+        self.routing().card = card;
+    }
+
+    /// Makes attention take `route` on every device, the CPU in f32 included, so tests
+    /// can hold a card's routes (the padded one, the varlen kernel's CPU twin) to the f32
+    /// references.
+    pub(crate) fn force_route(&mut self, route: Route) {
+        self.routing().forced = Some(route);
     }
 
     /// Quantizes the dense layers to int8 for the CPU (`EngineOptions::int8`); attention,

@@ -23,7 +23,7 @@ use super::{
     batch::Batch,
     layers::{Linear, Norm},
     rope::{rotate, Rope},
-    Packed,
+    Packed, Routing,
 };
 use crate::{
     batcher::Row,
@@ -127,8 +127,8 @@ pub(crate) struct ModernBert {
     local: Rope,
     window: usize,
     device: Device,
-    /// Take the padded attention path even where the packed kernel runs (tests).
-    pub(crate) force_padded: bool,
+    /// Which attention route batches take.
+    pub(crate) routing: Routing,
 }
 
 impl ModernBert {
@@ -203,7 +203,7 @@ impl ModernBert {
             local: Rope::new(layout.local_theta, d, positions, &device)?,
             window: layout.window,
             device,
-            force_padded: false,
+            routing: Routing::default(),
         })
     }
 
@@ -220,7 +220,12 @@ impl ModernBert {
     /// Token vectors for `rows`, packed, after the final norm (what sentence-transformers
     /// pools).
     pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
-        let batch = Batch::new(rows, &self.device, self.word.dtype(), self.force_padded)?;
+        let batch = Batch::new(
+            rows,
+            &self.device,
+            self.word.dtype(),
+            self.routing.pick(&self.device, self.word.dtype()),
+        )?;
         let pos = batch.position_ids(0)?;
         let global = self.global.at(&pos)?;
         let local = self.local.at(&pos)?;

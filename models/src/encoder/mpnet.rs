@@ -6,6 +6,7 @@
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
+use super::Route;
 use crate::{kernels::RelativeBias, ModelError};
 
 /// Distances from which buckets are all the same (transformers' MPNet hard-codes it).
@@ -47,12 +48,11 @@ impl RelativeTable {
         })
     }
 
-    /// The bias for rows of up to `span` tokens; with `padded`, also as the `[1, heads,
-    /// span, span]` tensor the padded attention path adds.
+    /// The bias for rows of up to `span` tokens, laid out for `route`.
     pub(crate) fn bias(
         &self,
         span: usize,
-        padded: bool,
+        route: Route,
         device: &Device,
     ) -> Result<RelativeBias, ModelError> {
         let span = span.max(1);
@@ -64,25 +64,44 @@ impl RelativeTable {
                 table[h * width + k] = self.values[b * self.heads + h];
             }
         }
-        let padded = if padded {
-            let mut full = vec![0f32; self.heads * span * span];
-            for h in 0..self.heads {
+        laid_out(table, self.heads, span, route, device)
+    }
+}
+
+/// `table` (`[heads · (2·span − 1)]`, by head and distance) as `route` reads it: as is
+/// (packed), also on `device` (varlen), or also as `[1, heads, span, span]` (padded).
+pub(crate) fn laid_out(
+    table: Vec<f32>,
+    heads: usize,
+    span: usize,
+    route: Route,
+    device: &Device,
+) -> Result<RelativeBias, ModelError> {
+    let width = 2 * span - 1;
+    let on_device = match route {
+        Route::Varlen => Some(Tensor::from_slice(&table, table.len(), device)?),
+        _ => None,
+    };
+    let padded = match route {
+        Route::Padded => {
+            let mut full = vec![0f32; heads * span * span];
+            for h in 0..heads {
                 for i in 0..span {
                     for j in 0..span {
                         full[(h * span + i) * span + j] = table[h * width + j + span - 1 - i];
                     }
                 }
             }
-            Some(Tensor::from_vec(full, (1, self.heads, span, span), device)?)
-        } else {
-            None
-        };
-        Ok(RelativeBias {
-            span,
-            table,
-            padded,
-        })
-    }
+            Some(Tensor::from_vec(full, (1, heads, span, span), device)?)
+        }
+        _ => None,
+    };
+    Ok(RelativeBias {
+        span,
+        table,
+        on_device,
+        padded,
+    })
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use super::{
     batch::Batch,
     layers::{Linear, RmsNorm},
     rope::{rotate, Rope},
-    Packed,
+    Packed, Routing,
 };
 use crate::{
     batcher::Row,
@@ -51,8 +51,8 @@ pub(crate) struct Qwen3 {
     act: Act,
     rope: Rope,
     device: Device,
-    /// Take the padded attention path even where the packed kernel runs (tests).
-    pub(crate) force_padded: bool,
+    /// Which attention route batches take.
+    pub(crate) routing: Routing,
 }
 
 impl Qwen3 {
@@ -145,7 +145,7 @@ impl Qwen3 {
                 &device,
             )?,
             device,
-            force_padded: false,
+            routing: Routing::default(),
         })
     }
 
@@ -162,7 +162,12 @@ impl Qwen3 {
     /// Token vectors for `rows`, packed, after the final norm (what sentence-transformers
     /// pools).
     pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
-        let batch = Batch::new(rows, &self.device, self.embed.dtype(), self.force_padded)?;
+        let batch = Batch::new(
+            rows,
+            &self.device,
+            self.embed.dtype(),
+            self.routing.pick(&self.device, self.embed.dtype()),
+        )?;
         let (cos, sin) = self.rope.at(&batch.position_ids(0)?)?;
         let Heads { q, kv, d } = self.heads;
         let n = batch.tokens();
