@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpulane's benchmarks against its peers (issue 5), by one command:
 #
-#   benches/run.sh [speed|batching|e2e|all|dataset]      (default: all; dataset is not in all)
+#   benches/run.sh [speed|batching|e2e|overhead|all|dataset]   (default: all; dataset is not in all)
 #
 # - speed:    `gpulane bench` vs sentence-transformers (benches/st_speed.py) on the CPU, same
 #             corpus, same threads, batch 32, median of 5, on the short corpus (2,000
@@ -14,6 +14,12 @@
 #             concurrent 32-text activities and 200 concurrent one-text activities.
 # batching and e2e also run their loads against a no-op worker (benches/null_worker.py):
 # the ceiling of the harness (dev server, driver, payloads) on this machine.
+# - overhead: per-call overhead (issue 14): 200 concurrent workflows each running one
+#             one-sentence `embed`, gpulane and the no-op worker both up on one dev server,
+#             their rounds alternated (gpulane, no-op, gpulane, ...; BENCH_OVERHEAD_PAIRS
+#             pairs, default 5) so that drift in the shared server and machine falls on
+#             both alike; each pair's ratio and their median. GPULANE_CPU_DTYPE=int8 runs
+#             gpulane's lane in int8.
 # - dataset:  bulk embedding (benches/dataset_speed.py): one `embed_dataset` of a
 #             BENCH_DATASET_ROWS-row (100,000) Parquet file on `cpu-tools` (file://, the dev
 #             server and `gpulane run --data-root`), against sentence-transformers in a Python
@@ -50,8 +56,8 @@ cd "$(dirname "$0")/.."
 
 PART=${1:-all}
 case "$PART" in
-  speed|batching|e2e|all|dataset) ;;
-  *) echo "usage: benches/run.sh [speed|batching|e2e|all|dataset]" >&2; exit 2 ;;
+  speed|batching|e2e|overhead|all|dataset) ;;
+  *) echo "usage: benches/run.sh [speed|batching|e2e|overhead|all|dataset]" >&2; exit 2 ;;
 esac
 THREADS=${BENCH_THREADS:-2}
 REPEAT=${BENCH_REPEAT:-5}
@@ -291,6 +297,32 @@ EOF
   fi
 }
 
+# --- per-call overhead: gpulane and the no-op worker, rounds alternated -------------------
+run_overhead() {
+  rm -f "$OUT"/overhead-*.json
+  local pairs=${BENCH_OVERHEAD_PAIRS:-5} r gl_pid null_pid side queue label
+  start_server || return 0
+  start_gpulane overhead --max-concurrent-cpu 256 || return 0
+  gl_pid=$WORKER_PID; WORKER_PID=""
+  if ! start_null_worker; then stop "$gl_pid"; forget "$gl_pid"; return 0; fi
+  null_pid=$WORKER_PID; WORKER_PID=""
+  "$PY" - "$OUT/overhead-info.json" "$pairs" "${GPULANE_CPU_DTYPE:-f32}" <<'EOF'
+import json, sys
+json.dump({"pairs": int(sys.argv[2]), "cpu_dtype": sys.argv[3]}, open(sys.argv[1], "w"))
+EOF
+  for r in $(seq "$pairs"); do
+    for side in gpulane null; do
+      if [ "$side" = gpulane ]; then queue=cpu-tools; label=gpulane; else queue=null-embed; label="no-op worker"; fi
+      say "overhead: pair $r/$pairs, 200 workflows × 1 text on $queue ($label)"
+      bounded 600 "$PY" benches/load.py --address "$ADDRESS" --task-queue "$queue" --workflows 200 \
+        --texts 1 --corpus "$OUT/corpus-short.txt" --rounds 1 --label "$label" \
+        --json "$OUT/overhead-$side-$r.json" >&2 2> "$LOGS/load-overhead-$side-$r.log" \
+        || { say "load failed: see $LOGS/load-overhead-$side-$r.log"; tail -5 "$LOGS/load-overhead-$side-$r.log" >&2; }
+    done
+  done
+  stop "$gl_pid"; forget "$gl_pid"; stop "$null_pid"; forget "$null_pid"
+}
+
 # --- dataset ----------------------------------------------------------------------------
 run_dataset() {
   rm -f "$OUT"/dataset-*.json "$OUT/dataset-skipped.txt" "$OUT/dataset-summary.md"
@@ -325,7 +357,8 @@ case "$PART" in
   speed) run_speed ;;
   batching) run_batching ;;
   e2e) run_e2e ;;
-  all) run_speed; run_batching; run_e2e ;;
+  overhead) run_overhead ;;
+  all) run_speed; run_batching; run_e2e; run_overhead ;;
   dataset) run_dataset ;;
 esac
 cleanup

@@ -189,6 +189,38 @@ def e2e_section(out):
     ] + rows + [""]
 
 
+
+def overhead_section(out):
+    """gpulane against the no-op worker, one workflow per one-sentence call, rounds
+    alternated: each pair's ratio, and the median of the pairs."""
+    info = load(out / "overhead-info.json")
+    if not info:
+        return ["## Per-call overhead", "", "not run", ""]
+    pairs = []
+    for r in range(1, info["pairs"] + 1):
+        g, n = load(out / f"overhead-gpulane-{r}.json"), load(out / f"overhead-null-{r}.json")
+        if g and n:
+            pairs.append((g["activities_per_s"], n["activities_per_s"]))
+    if not pairs:
+        return ["## Per-call overhead", "", "no pair completed", ""]
+    rows = [f"| {i} | {fmt(g)} | {fmt(n)} | {100 * g / n:.0f}% |" for i, (g, n) in enumerate(pairs, 1)]
+    shares = sorted(g / n for g, n in pairs)
+    mid = len(shares) // 2
+    med = shares[mid] if len(shares) % 2 else (shares[mid - 1] + shares[mid]) / 2
+    return [
+        "## Per-call overhead: gpulane against the no-op worker" + measured_at(out, "overhead-*.json"),
+        "",
+        f"200 concurrent workflows, each one `embed` of 1 text; gpulane (CPU lane, "
+        f"{info.get('cpu_dtype', 'f32')}, --max-concurrent-cpu 256) and the no-op worker up at "
+        f"once on one dev server, rounds alternated ({len(pairs)} pairs).",
+        "",
+        "| pair | gpulane activities/s | no-op activities/s | gpulane ÷ no-op |",
+        "|---|---|---|---|",
+        *rows,
+        f"| **median of the pairs** | | | **{100 * med:.0f}%** |",
+        "",
+    ]
+
 def main():
     out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "benches/out")
     env = load(out / "env.json") or {}
@@ -200,7 +232,7 @@ def main():
         f"load average before: {env.get('loadavg', '?')}.",
         "",
     ]
-    lines += speed_section(out) + batching_section(out) + e2e_section(out)
+    lines += speed_section(out) + batching_section(out) + e2e_section(out) + overhead_section(out)
     text = "\n".join(lines)
     (out / "summary.md").write_text(text + "\n")
     print(text)
