@@ -21,9 +21,10 @@
 # - `--check` (what CI runs): instead of the release build and smoke test, clippy with
 #   `-D warnings` over the whole workspace with the cuda feature on, in the CPU build's
 #   target/ (crates that do not depend on candle share their checked state with the CPU
-#   clippy run). It compiles the CUDA kernels and type-checks and lints every cuda-only
-#   line, without a second release build of the tree; linking against the CUDA libraries
-#   is left to the full build (gpu-check.sh runs it on the card).
+#   clippy run). It compiles the CUDA kernels (candle's, and gpulane's own to PTX, which
+#   ptxas then assembles for the capability, refusing register spills) and type-checks and
+#   lints every cuda-only line, without a second release build of the tree; linking
+#   against the CUDA libraries is left to the full build (gpu-check.sh runs it on the card).
 #
 # Environment: GPULANE_CUDA_HOME (wheel cache), GPULANE_CUDA_COMPUTE_CAP,
 # GPULANE_CUDA_TARGET_DIR (default target/cuda), CUDAFORGE_THREADS (kernel compile jobs),
@@ -120,6 +121,16 @@ if [[ "$mode" == check ]]; then
   log "checking and linting the workspace with the cuda feature, for compute capability $CUDA_COMPUTE_CAP"
   start=$(date +%s)
   nice -n 19 cargo clippy --release --workspace --all-targets --features gpulane/cuda -- -D warnings
+  # gpulane's own kernels ship as PTX that the driver compiles at first use: assemble it
+  # here with ptxas for the same capability, so PTX the card would refuse fails CI, and
+  # refuse register spills (a kernel that spills runs from local memory, far slower).
+  ptx=$(ls -t target/release/build/gpulane-models-*/out/gpulane.ptx 2>/dev/null | head -n1)
+  [[ -n "$ptx" ]] || { log "no gpulane.ptx under target/release/build: models/build.rs made none"; exit 1; }
+  report=$(ptxas -arch="sm_$CUDA_COMPUTE_CAP" -v "$ptx" -o /dev/null 2>&1) || { printf '%s\n' "$report" >&2; log "ptxas refused $ptx"; exit 1; }
+  if grep -E '[1-9][0-9]* bytes spill (stores|loads)' <<<"$report" >&2; then
+    log "a kernel of models/cuda/kernels.cu spills registers (above)"; exit 1
+  fi
+  log "ptxas: $(grep -c 'Compiling entry' <<<"$report") kernels assemble for sm_$CUDA_COMPUTE_CAP without spills"
   log "check took $(( $(date +%s) - start )) s"
   exit 0
 fi
