@@ -618,6 +618,14 @@ mod tests {
     }
 
     #[test]
+    fn attention_routes_are_a_list_defaulting_to_varlen() {
+        use gpulane_models::Attention;
+        assert_eq!(bench(&[]).attention, vec![Attention::Varlen]);
+        let a = bench(&["--attention", "varlen,padded"]);
+        assert_eq!(a.attention, vec![Attention::Varlen, Attention::Padded]);
+    }
+
+    #[test]
     fn cards_need_the_cuda_feature() {
         let none = || -> Result<Vec<GpuDevice>, RuntimeError> { Ok(vec![card(0, "GPU-a")]) };
         let e = targets(&[BenchDevice::CudaOrdinal(0)], none, false).unwrap_err();

@@ -516,6 +516,26 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn gpu_attention_is_varlen_unless_told_padded() {
+        use gpulane_models::Attention;
+        assert_eq!(run_args(&[]).gpu_attention, Attention::Varlen);
+        let a = run_args(&["--gpu-attention", "padded"]);
+        assert_eq!(a.gpu_attention, Attention::Padded);
+        let e = Cli::try_parse_from([
+            "gpulane",
+            "run",
+            "--model",
+            "/m",
+            "--gpu-attention",
+            "flash",
+        ])
+        .err()
+        .expect("an unknown route is refused")
+        .to_string();
+        assert!(e.contains("varlen or padded"), "{e}");
+    }
+
+    #[test]
     fn boolean_variables_take_1_and_true() {
         std::env::set_var("HF_HUB_OFFLINE", "1");
         let a = run_args(&[]);
