@@ -58,6 +58,9 @@ fn main() {
         }
         let s = start.elapsed().as_secs_f64() / reps as f64;
         let gflops = 2.0 * (m * k * n) as f64 / s / 1e9;
-        println!("{m} x {k} x {n}: {:.2} ms, {gflops:.0} GFLOP/s ({threads} threads)", s * 1e3);
+        println!(
+            "{m} x {k} x {n}: {:.2} ms, {gflops:.0} GFLOP/s ({threads} threads)",
+            s * 1e3
+        );
     }
 }

@@ -54,8 +54,9 @@ fn output<T: DeviceRepr>(dev: &CudaDevice, len: usize) -> Result<CudaSlice<T>> {
     unsafe { dev.alloc::<T>(len) }
 }
 
-/// Loads kernel `name` (once per device), pushes the arguments in the kernel's order, and
-/// launches `items` warps of work.
+/// Loads kernel `name` (once per device), pushes the arguments in the kernel's order (the
+/// output as `&mut`, so cudarc records the kernel's write), and launches `items` warps of
+/// work.
 macro_rules! launch {
     ($dev:expr, $name:expr, $items:expr, $($arg:expr),+ $(,)?) => {{
         let func = $dev.get_or_load_custom_func(&$name, MODULE, PTX)?;
@@ -116,7 +117,7 @@ fn attention<T: CudaDType + DeviceRepr + WithDType>(
     let dpl = dims_per_lane(heads.d)
         .ok_or_else(|| candle_core::Error::Msg(format!("attention heads of {} > 256", heads.d)))?;
     let name = format!("varlen_attention_{}_{dpl}", T::DTYPE.as_str());
-    let out = output::<T>(dev, n * heads.q * heads.d)?;
+    let mut out = output::<T>(dev, n * heads.q * heads.d)?;
     let src = view::<T>(qkv, l_qkv, "varlen qkv")?;
     let keys = view::<u32>(ranges, l_ranges, "varlen key ranges")?;
     let (n32, q, kv, d, span32) = (
@@ -130,12 +131,12 @@ fn attention<T: CudaDType + DeviceRepr + WithDType>(
     match rel {
         Some((s, l)) => {
             let table = view::<f32>(s, l, "varlen relative bias")?;
-            launch!(dev, name, items, &src, &keys, &table, &out, &n32, &q, &kv, &d, &span32)?;
+            launch!(dev, name, items, &src, &keys, &table, &mut out, &n32, &q, &kv, &d, &span32)?;
         }
         None => {
             // Unread when span is 0: a null pointer.
             let null: u64 = 0;
-            launch!(dev, name, items, &src, &keys, &null, &out, &n32, &q, &kv, &d, &span32)?;
+            launch!(dev, name, items, &src, &keys, &null, &mut out, &n32, &q, &kv, &d, &span32)?;
         }
     }
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
@@ -170,12 +171,12 @@ fn add_norm_t<T: CudaDType + DeviceRepr + WithDType>(
     }
     let rows = el / h;
     let name = format!("add_norm_{}", T::DTYPE.as_str());
-    let out = output::<T>(dev, el)?;
+    let mut out = output::<T>(dev, el)?;
     let xv = view::<T>(x.0, x.1, "add-norm x")?;
     let rv = view::<T>(res.0, res.1, "add-norm residual")?;
     let pv = view::<T>(params.0, params.1, "add-norm params")?;
     let (rows32, h32) = (u32_of(rows, "rows")?, u32_of(h, "width")?);
-    launch!(dev, name, rows, &xv, &rv, &pv, &out, &rows32, &h32, &eps)?;
+    launch!(dev, name, rows, &xv, &rv, &pv, &mut out, &rows32, &h32, &eps)?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 
@@ -198,11 +199,11 @@ fn bias_gelu_t<T: CudaDType + DeviceRepr + WithDType>(
     }
     let rows = el / h;
     let name = format!("bias_gelu_{}", T::DTYPE.as_str());
-    let out = output::<T>(dev, el)?;
+    let mut out = output::<T>(dev, el)?;
     let xv = view::<T>(x.0, x.1, "bias-gelu x")?;
     let bv = view::<T>(bias.0, bias.1, "bias-gelu bias")?;
     let (rows32, h32) = (u32_of(rows, "rows")?, u32_of(h, "width")?);
-    launch!(dev, name, rows, &xv, &bv, &out, &rows32, &h32)?;
+    launch!(dev, name, rows, &xv, &bv, &mut out, &rows32, &h32)?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 
@@ -218,9 +219,9 @@ fn gated_gelu_t<T: CudaDType + DeviceRepr + WithDType>(
     let (rows, two_i) = x.1.shape().dims2()?;
     let i = two_i / 2;
     let name = format!("gated_gelu_{}", T::DTYPE.as_str());
-    let out = output::<T>(dev, rows * i)?;
+    let mut out = output::<T>(dev, rows * i)?;
     let xv = view::<T>(x.0, x.1, "gated-gelu x")?;
     let (rows32, i32_) = (u32_of(rows, "rows")?, u32_of(i, "width")?);
-    launch!(dev, name, rows, &xv, &out, &rows32, &i32_)?;
+    launch!(dev, name, rows, &xv, &mut out, &rows32, &i32_)?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }

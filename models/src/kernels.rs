@@ -689,23 +689,35 @@ pub(crate) fn packed_attention_runs(device: &candle_core::Device, dtype: DType) 
     device.is_cpu() && dtype == DType::F32
 }
 
+/// Which element-wise kernels a card runs: gpulane's own (`models/cuda/kernels.cu`, with
+/// the varlen route), or candle's ops (with `--gpu-attention padded`, the whole route as
+/// it was before gpulane's CUDA kernels, to compare with and to fall back on). The CPU
+/// runs its own fused kernels in f32 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CardOps {
+    Gpulane,
+    Candle,
+}
+
 /// Whether the fused kernels (`bias_gelu`, `gated_gelu`, `add_norm`) run for this
-/// tensor: gpulane's CPU ones in f32, its CUDA ones (`models/cuda/kernels.cu`) in f32,
-/// f16 and bf16.
-fn fused(t: &Tensor) -> bool {
+/// tensor: gpulane's CPU ones in f32, its CUDA ones in f32, f16 and bf16 unless `ops`
+/// says candle's.
+fn fused(t: &Tensor, ops: CardOps) -> bool {
     t.is_contiguous()
         && match t.device() {
             candle_core::Device::Cpu => t.dtype() == DType::F32,
             candle_core::Device::Cuda(_) => {
-                cfg!(feature = "cuda") && matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
+                cfg!(feature = "cuda")
+                    && ops == CardOps::Gpulane
+                    && matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
             }
             _ => false,
         }
 }
 
 /// GELU (erf) of `x + bias`, `bias` broadcast over the last dimension.
-pub(crate) fn bias_gelu(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
-    if fused(x) && fused(bias) {
+pub(crate) fn bias_gelu(x: &Tensor, bias: &Tensor, ops: CardOps) -> Result<Tensor> {
+    if fused(x, ops) && fused(bias, ops) {
         x.apply_op2_no_bwd(bias, &BiasGelu)
     } else {
         x.broadcast_add(bias)?.gelu_erf()
@@ -714,8 +726,8 @@ pub(crate) fn bias_gelu(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
 
 /// GELU (erf) of the first half of `x`'s last dimension times its second half: `[N, 2I]`
 /// in, `[N, I]` out.
-pub(crate) fn gated_gelu(x: &Tensor) -> Result<Tensor> {
-    if fused(x) {
+pub(crate) fn gated_gelu(x: &Tensor, ops: CardOps) -> Result<Tensor> {
+    if fused(x, ops) {
         x.apply_op1_no_bwd(&GatedGelu)
     } else {
         let i = x.dim(candle_core::D::Minus1)? / 2;
@@ -726,8 +738,14 @@ pub(crate) fn gated_gelu(x: &Tensor) -> Result<Tensor> {
 
 /// LayerNorm(x + bias + residual) with `params` = [bias; gamma; beta] as one `[3, H]`
 /// tensor (one operand instead of three).
-pub(crate) fn add_norm(x: &Tensor, residual: &Tensor, params: &Tensor, eps: f32) -> Result<Tensor> {
-    if fused(x) && fused(residual) && fused(params) {
+pub(crate) fn add_norm(
+    x: &Tensor,
+    residual: &Tensor,
+    params: &Tensor,
+    eps: f32,
+    ops: CardOps,
+) -> Result<Tensor> {
+    if fused(x, ops) && fused(residual, ops) && fused(params, ops) {
         x.apply_op3_no_bwd(residual, params, &AddNorm { eps })
     } else {
         let (bias, gamma, beta) = (params.get(0)?, params.get(1)?, params.get(2)?);
@@ -886,7 +904,7 @@ mod tests {
         let x = randn(&[37, 48], 3.0);
         let b = randn(&[48], 1.0);
         let want = x.broadcast_add(&b).unwrap().gelu_erf().unwrap();
-        let got = bias_gelu(&x, &b).unwrap();
+        let got = bias_gelu(&x, &b, CardOps::Gpulane).unwrap();
         assert!(max_diff(&got, &want) < 1e-5);
     }
 
@@ -895,7 +913,7 @@ mod tests {
         let x = randn(&[29, 32], 2.0);
         let r = randn(&[29, 32], 2.0);
         let params = randn(&[3, 32], 1.0);
-        let got = add_norm(&x, &r, &params, 1e-12).unwrap();
+        let got = add_norm(&x, &r, &params, 1e-12, CardOps::Gpulane).unwrap();
         let (bias, g, beta) = (
             params.get(0).unwrap(),
             params.get(1).unwrap(),
@@ -954,7 +972,7 @@ mod tests {
     #[test]
     fn gated_gelu_matches_candle() {
         let x = randn(&[37, 2 * 24], 2.0);
-        let got = gated_gelu(&x).unwrap();
+        let got = gated_gelu(&x, CardOps::Gpulane).unwrap();
         let want = (x.narrow(1, 0, 24).unwrap().gelu_erf().unwrap() * x.narrow(1, 24, 24)).unwrap();
         assert_eq!(got.dims(), &[37, 24]);
         assert!(max_diff(&got, &want) < 1e-5);

@@ -8,7 +8,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::{
-    kernels::{self, Heads, Mask, RelativeBias},
+    kernels::{self, CardOps, Heads, Mask, RelativeBias},
     varlen::{dims_per_lane, key_ranges, launch_geometry, Keys},
 };
 
@@ -139,7 +139,7 @@ fn packed_attention(
 
 /// Rows of mixed lengths (one of a single token), and heads of every lane split the
 /// kernel has: d = 8 (most lanes idle), 32, 40 (two dims a lane, the second partly
-/// idle) and 72 (four), grouped-query heads included; every mask; a token count that
+/// idle), 72 (four), 160 and 256 (eight), grouped-query heads included; every mask; a token count that
 /// leaves the last block's warps partly past the end.
 #[test]
 fn emulated_varlen_kernel_matches_the_packed_cpu_kernel() {
@@ -158,6 +158,16 @@ fn emulated_varlen_kernel_matches_the_packed_cpu_kernel() {
         Heads { q: 3, kv: 1, d: 32 },
         Heads { q: 4, kv: 2, d: 40 },
         Heads { q: 1, kv: 1, d: 72 },
+        Heads {
+            q: 2,
+            kv: 1,
+            d: 160,
+        },
+        Heads {
+            q: 1,
+            kv: 1,
+            d: 256,
+        },
     ] {
         let qkv = randn(n * heads.qkv_width(), 1.0);
         let span = 13;
@@ -219,6 +229,7 @@ fn emulated_row_kernels_match_the_cpu_kernels() {
             &t(&res, (rows, h)),
             &t(&params, (3, h)),
             eps,
+            CardOps::Gpulane,
         )
         .unwrap(),
     );
@@ -240,7 +251,7 @@ fn emulated_row_kernels_match_the_cpu_kernels() {
         );
     }
     let bias_t = Tensor::from_slice(bias, h, &Device::Cpu).unwrap();
-    let want = flat(kernels::bias_gelu(&t(&x, (rows, h)), &bias_t).unwrap());
+    let want = flat(kernels::bias_gelu(&t(&x, (rows, h)), &bias_t, CardOps::Gpulane).unwrap());
     let diff = max_diff(&want, &out);
     assert!(diff < 1e-5, "bias-gelu: max diff {diff}");
 
@@ -257,7 +268,7 @@ fn emulated_row_kernels_match_the_cpu_kernels() {
             i as u32,
         );
     }
-    let want = flat(kernels::gated_gelu(&t(&x, (rows, h))).unwrap());
+    let want = flat(kernels::gated_gelu(&t(&x, (rows, h)), CardOps::Gpulane).unwrap());
     let diff = max_diff(&want, &out);
     assert!(diff < 1e-5, "gated-gelu: max diff {diff}");
 }

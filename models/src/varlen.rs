@@ -222,12 +222,13 @@ impl CustomOp3 for VarlenAttention {
 pub(crate) fn launch_geometry(items: usize) -> (u32, u32) {
     const BLOCK: usize = 128;
     let warps_per_block = BLOCK / 32;
-    (items.div_ceil(warps_per_block) as u32, BLOCK as u32)
+    let blocks = u32::try_from(items.div_ceil(warps_per_block))
+        .expect("a grid past 2^32 blocks is 2^34 warps of work; this is a bug");
+    (blocks, BLOCK as u32)
 }
 
 /// Dims each lane holds for a head of `d` (the kernel's template instance), or `None` past
 /// 256.
-#[cfg(any(test, feature = "cuda"))]
 pub(crate) fn dims_per_lane(d: usize) -> Option<u32> {
     match d.div_ceil(32) {
         0 | 1 => Some(1),
@@ -238,14 +239,15 @@ pub(crate) fn dims_per_lane(d: usize) -> Option<u32> {
     }
 }
 
-/// Whether the varlen route exists for `dtype` (f32, f16, bf16); on the CPU only f32
-/// (its twin here).
-pub(crate) fn runs(device: &Device, dtype: DType) -> bool {
-    match device {
-        Device::Cpu => dtype == DType::F32,
-        Device::Cuda(_) => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
-        _ => false,
-    }
+/// Whether the varlen route serves `dtype` (f32, f16, bf16; on the CPU, whose twin is
+/// here, f32 only) and heads of `head` dims (up to 256).
+pub(crate) fn runs(device: &Device, dtype: DType, head: usize) -> bool {
+    dims_per_lane(head).is_some()
+        && match device {
+            Device::Cpu => dtype == DType::F32,
+            Device::Cuda(_) => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+            _ => false,
+        }
 }
 
 #[cfg(test)]
@@ -279,5 +281,8 @@ mod tests {
         assert_eq!(dims_per_lane(256), Some(8));
         assert_eq!(dims_per_lane(257), None);
         assert_eq!(launch_geometry(9), (3, 128));
+        assert!(runs(&Device::Cpu, DType::F32, 256));
+        assert!(!runs(&Device::Cpu, DType::F32, 320));
+        assert!(!runs(&Device::Cpu, DType::BF16, 64));
     }
 }

@@ -521,17 +521,17 @@ pub(crate) mod tests {
         assert_eq!(run_args(&[]).gpu_attention, Attention::Varlen);
         let a = run_args(&["--gpu-attention", "padded"]);
         assert_eq!(a.gpu_attention, Attention::Padded);
-        let e = Cli::try_parse_from([
+        let Err(e) = Cli::try_parse_from([
             "gpulane",
             "run",
             "--model",
             "/m",
             "--gpu-attention",
             "flash",
-        ])
-        .err()
-        .expect("an unknown route is refused")
-        .to_string();
+        ]) else {
+            panic!("an unknown route is refused");
+        };
+        let e = e.to_string();
         assert!(e.contains("varlen or padded"), "{e}");
     }
 

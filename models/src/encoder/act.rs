@@ -2,7 +2,10 @@
 
 use candle_core::Tensor;
 
-use crate::{kernels, ModelError};
+use crate::{
+    kernels::{self, CardOps},
+    ModelError,
+};
 
 /// Which activation a feed-forward layer uses (config.json `hidden_act`, DistilBERT's
 /// `activation`, ModernBERT's `hidden_activation`).
@@ -39,18 +42,23 @@ impl Act {
     /// `act(input) · gate` of a gated feed-forward's up-projection `[N, 2I]` = `[input |
     /// gate]` (ModernBERT's `Wi`; Qwen3's gate and up projections, gate first): the fused
     /// kernel for GELU, candle ops otherwise.
-    pub(crate) fn gated(self, up: &Tensor) -> candle_core::Result<Tensor> {
+    pub(crate) fn gated(self, up: &Tensor, ops: CardOps) -> candle_core::Result<Tensor> {
         if self == Act::Gelu {
-            return kernels::gated_gelu(up);
+            return kernels::gated_gelu(up, ops);
         }
         let i = up.dim(1)? / 2;
         self.apply(&up.narrow(1, 0, i)?)? * up.narrow(1, i, i)?
     }
 
     /// `act(x + bias)`: the fused kernel for GELU, candle ops otherwise.
-    pub(crate) fn with_bias(self, x: &Tensor, bias: &Tensor) -> candle_core::Result<Tensor> {
+    pub(crate) fn with_bias(
+        self,
+        x: &Tensor,
+        bias: &Tensor,
+        ops: CardOps,
+    ) -> candle_core::Result<Tensor> {
         if self == Act::Gelu {
-            return kernels::bias_gelu(x, bias);
+            return kernels::bias_gelu(x, bias, ops);
         }
         self.apply(&x.broadcast_add(bias)?)
     }

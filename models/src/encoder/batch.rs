@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use super::Packed;
 use crate::{
     batcher::Row,
-    kernels::{self, Heads, Mask},
+    kernels::{self, CardOps, Heads, Mask},
     varlen::{self, Varlen},
     ModelError,
 };
@@ -66,19 +66,29 @@ pub(crate) struct Routing {
 }
 
 impl Routing {
-    /// `forced` wins; else the CPU in f32 packs, a card takes its choice, and the CPU in
-    /// f16/bf16 pads.
-    pub(crate) fn pick(&self, device: &Device, dtype: DType) -> Route {
+    /// `forced` wins; else the CPU in f32 packs, a card takes its choice where the varlen
+    /// kernel serves the dtype and heads of `head` dims, and everything else pads.
+    pub(crate) fn pick(&self, device: &Device, dtype: DType, head: usize) -> Route {
         if let Some(r) = self.forced {
             return r;
         }
         if kernels::packed_attention_runs(device, dtype) {
             Route::Packed
-        } else if device.is_cuda() && self.card == Attention::Varlen && varlen::runs(device, dtype)
+        } else if device.is_cuda()
+            && self.card == Attention::Varlen
+            && varlen::runs(device, dtype, head)
         {
             Route::Varlen
         } else {
             Route::Padded
+        }
+    }
+
+    /// The element-wise kernels a card runs with this routing's choice.
+    pub(crate) fn card_ops(&self) -> CardOps {
+        match self.card {
+            Attention::Varlen => CardOps::Gpulane,
+            Attention::Padded => CardOps::Candle,
         }
     }
 }

@@ -317,12 +317,10 @@ impl Bert {
     /// Token vectors for `rows`, packed (see the module doc).
     pub(crate) fn forward(&self, rows: &[&Row]) -> Result<Packed, ModelError> {
         let dtype = self.word.dtype();
-        let batch = Batch::new(
-            rows,
-            &self.device,
-            dtype,
-            self.routing.pick(&self.device, dtype),
-        )?;
+        let batch = Batch::new(rows, &self.device, dtype, {
+            let head = self.word.dim(1)? / self.heads;
+            self.routing.pick(&self.device, dtype, head)
+        })?;
         let first_position = match self.positions {
             Positions::FromZero => 0,
             Positions::AfterPadding(pad) => pad + 1,
@@ -353,14 +351,15 @@ impl Bert {
             None => Mask::Full,
         };
         let heads = Heads::mha(x.dim(1)?, self.heads);
+        let ops = self.routing.card_ops();
         for l in &self.layers {
             let qkv = l.qkv.matmul_bias(&x, &l.qkv_bias)?;
             let ctx = batch.attend(&qkv, heads, mask)?;
             let attn = l.attn_out.matmul(&ctx)?;
-            x = kernels::add_norm(&attn, &x, &l.attn_norm, self.eps)?;
-            let up = l.inter.matmul_bias_act(&x, &l.inter_bias, self.act)?;
+            x = kernels::add_norm(&attn, &x, &l.attn_norm, self.eps, ops)?;
+            let up = l.inter.matmul_bias_act(&x, &l.inter_bias, self.act, ops)?;
             let down = l.out.matmul(&up)?;
-            x = kernels::add_norm(&down, &x, &l.out_norm, self.eps)?;
+            x = kernels::add_norm(&down, &x, &l.out_norm, self.eps, ops)?;
         }
         Ok(batch.into_packed(x))
     }

@@ -7,6 +7,7 @@ use candle_nn::VarBuilder;
 use super::act::Act;
 use crate::{
     int8::{Epilogue, QuantLinear},
+    kernels::CardOps,
     ModelError,
 };
 
@@ -61,12 +62,13 @@ impl Weight {
         x: &Tensor,
         bias: &Tensor,
         act: Act,
+        ops: CardOps,
     ) -> Result<Tensor, ModelError> {
         match self {
             Weight::Int8(q) if act == Act::Gelu => {
                 int8_matmul(q, x, Epilogue::BiasGelu(&bias.to_vec1::<f32>()?))
             }
-            _ => Ok(act.with_bias(&self.matmul(x)?, bias)?),
+            _ => Ok(act.with_bias(&self.matmul(x)?, bias, ops)?),
         }
     }
 

@@ -224,7 +224,11 @@ impl ModernBert {
             rows,
             &self.device,
             self.word.dtype(),
-            self.routing.pick(&self.device, self.word.dtype()),
+            self.routing.pick(
+                &self.device,
+                self.word.dtype(),
+                self.word.dim(1)? / self.heads,
+            ),
         )?;
         let pos = batch.position_ids(0)?;
         let global = self.global.at(&pos)?;
@@ -248,7 +252,9 @@ impl ModernBert {
             let ctx = batch.attend(&qkv, heads, mask)?;
             x = (x + l.attn_out.forward(&ctx)?)?;
             let up = l.wi.forward(&l.mlp_norm.forward(&x, self.eps)?)?;
-            x = (x + l.wo.forward(&self.act.gated(&up)?)?)?;
+            x = (x + l
+                .wo
+                .forward(&self.act.gated(&up, self.routing.card_ops())?)?)?;
         }
         let x = self.final_norm.forward(&x, self.eps)?;
         Ok(batch.into_packed(x))

@@ -166,7 +166,8 @@ impl Qwen3 {
             rows,
             &self.device,
             self.embed.dtype(),
-            self.routing.pick(&self.device, self.embed.dtype()),
+            self.routing
+                .pick(&self.device, self.embed.dtype(), self.heads.d),
         )?;
         let (cos, sin) = self.rope.at(&batch.position_ids(0)?)?;
         let Heads { q, kv, d } = self.heads;
@@ -191,7 +192,9 @@ impl Qwen3 {
             let ctx = batch.attend(&qkv, self.heads, Mask::Causal)?;
             x = (x + l.o.forward(&ctx)?)?;
             let up = l.gate_up.forward(&l.post_norm.forward(&x, self.eps)?)?;
-            x = (x + l.down.forward(&self.act.gated(&up)?)?)?;
+            x = (x + l
+                .down
+                .forward(&self.act.gated(&up, self.routing.card_ops())?)?)?;
         }
         let x = self.norm.forward(&x, self.eps)?;
         Ok(batch.into_packed(x))
