@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Proves the CUDA build on a real card, in one run on a lent GPU machine (CUDA, PyTorch and
 # sentence-transformers there; no crates registry, no network, no Temporal). It reports:
-#   a. the NVML inventory as gpulane sees it (`gpulane devices`);
+#   a. the NVML inventory as gpulane sees it (`gpulane devices`), and gpulane's own CUDA
+#      kernels against the CPU kernels in f32, f16 and bf16 (`gpulane kernel-check`);
 #   b. `embed` correctness against sentence-transformers on the same card, in float32 and
 #      float16 (cosine min / mean, max abs difference), via `gpulane bench --dump`, on both
 #      attention routes (the varlen kernel, and the padded path it replaced);
@@ -92,6 +93,17 @@ say "a. inventory"
 "$bin" --version | tee "$out/version.txt"
 "$bin" devices 2>"$out/devices.log" | tee "$out/devices.txt"
 grep -q '^gpu 0:' "$out/devices.txt" || die "gpulane sees no GPU through NVML (see $out/devices.log)"
+
+# --- a2. gpulane's own kernels against the CPU, every dtype -------------------------------
+# Shapes and masks a MiniLM embedding never reaches (bf16, heads of 8 to 256 dims, grouped
+# heads, windows, causal, the relative bias, the gated GELU). A failure is reported, not
+# fatal: the rest of the check still says how far the card route is from the reference.
+say "a2. gpulane's kernels vs the CPU (f32, f16, bf16)"
+if "$bin" kernel-check --device cuda:0 --json "$out/kernel-check.json" >"$out/kernel-check.txt" 2>>"$out/kernel-check.log"; then
+  say "every kernel check within bounds"
+else
+  say "kernel-check: some checks failed or could not run (see $out/kernel-check.txt and kernel-check.log)"
+fi
 
 # --- b. correctness ---------------------------------------------------------------------
 "$py" scripts/gpu_check.py corpus --n 1000 --out "$work/check.txt"

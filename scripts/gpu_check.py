@@ -289,6 +289,17 @@ def cmd_report(a):
     if os.path.exists(os.path.join(d, "devices.txt")):
         with open(os.path.join(d, "devices.txt"), encoding="utf-8") as f:
             lines += ["## Inventory (gpulane devices)", "", "```", f.read().rstrip(), "```", ""]
+    kc = load(os.path.join(d, "kernel-check.json"))
+    if kc:
+        bad = [c for c in kc["checks"] if not c["ok"]]
+        lines += ["## gpulane's kernels vs the CPU (gpulane kernel-check)", "",
+                  f"{len(kc['checks']) - len(bad)} of {len(kc['checks'])} checks within bounds.", ""]
+        if bad:
+            lines += ["| op | dtype | case | max abs diff | bound |", "|---|---|---|---|---|"]
+            lines += [f"| {c['op']} | {c['dtype']} | {c['case']} | {c['max_abs_diff']} | {c['bound']} |" for c in bad]
+            lines.append("")
+    else:
+        lines += ["## gpulane's kernels vs the CPU (gpulane kernel-check)", "", "missing (see kernel-check.log)", ""]
     lines += ["## embed vs sentence-transformers (same card, same weights)", "",
               "| dtype | attention | texts | cosine min | cosine mean | max abs diff |",
               "|---|---|---|---|---|---|"]

@@ -17,6 +17,7 @@ mod encoder;
 mod engine;
 mod error;
 mod int8;
+mod kernel_check;
 mod kernels;
 mod model_dir;
 mod pooling;
@@ -36,6 +37,7 @@ pub use crate::{
         DeviceMemory, Engine, EngineDevice, EngineLife, EngineLoad, EngineOptions, ModelKind,
     },
     error::ModelError,
+    kernel_check::{check_kernels, KernelCheck},
     model_dir::{self_name, ModelIdentity},
     pooling::Pooling,
     st_dir::{ModelInfo, SentenceTransformerDir},

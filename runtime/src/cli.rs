@@ -24,5 +24,6 @@ pub async fn run_cli(cli: Cli) -> Result<(), RuntimeError> {
             print!("{}", gpulane_proto::contract_schema_text());
             Ok(())
         }
+        Command::KernelCheck(args) => crate::kernel_check::run(&args).await,
     }
 }

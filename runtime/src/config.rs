@@ -48,6 +48,22 @@ pub enum Command {
     /// Print the JSON Schema of every activity's input and result, the failure types and
     /// the queue naming rules (the contract the client packages follow).
     Schema,
+    /// Run gpulane's own kernels on a device against the CPU kernels, in every dtype the
+    /// device runs (scripts/gpu-check.sh runs it on a card first).
+    #[command(hide = true)]
+    KernelCheck(KernelCheckArgs),
+}
+
+/// `gpulane kernel-check`.
+#[derive(Debug, Clone, Args)]
+pub struct KernelCheckArgs {
+    /// `cpu`, or `cuda:N` (the CUDA ordinal; needs the cuda build).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Also write every check as JSON (`{"device", "checks": [{"op", "case", "dtype",
+    /// "max_abs_diff", "bound", "ok"}]}`).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 /// Where a running worker's admin API listens; shared by `status`, `drain`, `resume`.

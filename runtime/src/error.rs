@@ -93,6 +93,16 @@ pub enum RuntimeError {
     /// non-zero so that its supervisor restarts it.
     #[error("stopped: {0}")]
     Stopped(String),
+    /// `gpulane kernel-check` found kernels outside their bounds on a device.
+    #[error("{failed} of {total} kernel checks on {device} are out of bounds (see the table)")]
+    KernelCheck {
+        /// The device checked.
+        device: String,
+        /// Checks out of bounds.
+        failed: usize,
+        /// Checks run.
+        total: usize,
+    },
     /// A running worker's admin API refused a request or could not be reached.
     #[error("admin API at {address}: {message}")]
     Admin {

@@ -16,6 +16,7 @@ mod error;
 mod health;
 mod heap;
 mod http;
+mod kernel_check;
 mod lanes;
 mod metrics;
 mod registry;

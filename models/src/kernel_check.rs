@@ -1,0 +1,228 @@
+//! A self-check of gpulane's own kernels on a device: each op on random inputs, in every
+//! dtype the device runs, against the CPU kernels in f32 on the same (dtype-rounded)
+//! inputs. `gpulane kernel-check` prints it; `scripts/gpu-check.sh` runs it first on a
+//! card, so one run there covers what a MiniLM embedding does not reach (bf16, heads of 8
+//! to 256 dims, grouped-query heads, windows, causal masks, the relative bias, the gated
+//! GELU). On the CPU it checks the varlen route's Rust twin the same way.
+//!
+//! The shapes are those of the emulated tests (`simt_tests.rs`), which check the same
+//! kernel bodies on the CPU in f32; what this adds is the card itself: the driver's
+//! compile of the PTX, 16-bit storage, and real warps.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::{
+    kernels::{self, CardOps, Heads, Mask, RelativeBias},
+    varlen::Varlen,
+    ModelError,
+};
+
+/// One op, case and dtype: the largest difference from the reference, and the bound.
+#[derive(Debug, Clone)]
+pub struct KernelCheck {
+    /// `varlen_attention`, `add_norm`, `bias_gelu` or `gated_gelu`.
+    pub op: &'static str,
+    /// The shape and mask.
+    pub case: String,
+    /// The dtype the op ran in on the device.
+    pub dtype: DType,
+    /// The largest |device − reference| over the output (NaN if any output was NaN).
+    pub max_abs_diff: f32,
+    /// What rounding the output to `dtype` allows.
+    pub bound: f32,
+}
+
+impl KernelCheck {
+    /// Within its bound (a NaN never is).
+    pub fn ok(&self) -> bool {
+        self.max_abs_diff <= self.bound
+    }
+}
+
+/// Rows of mixed lengths, one of a single token.
+const LENS: [usize; 5] = [5, 1, 13, 3, 9];
+
+/// Outputs are within a few units of 0, so one rounding of the output to the dtype, plus
+/// accumulation order, stays far under these; a wrong index or reduction is off by O(1).
+fn bound(dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => 1e-2,
+        DType::BF16 => 6e-2,
+        _ => 1e-4,
+    }
+}
+
+/// The dtypes `device` runs gpulane's kernels in.
+fn dtypes(device: &Device) -> Vec<DType> {
+    if device.is_cuda() {
+        vec![DType::F32, DType::F16, DType::BF16]
+    } else {
+        vec![DType::F32]
+    }
+}
+
+/// N(0, scale²) values as `dtype` would store them, in f32 on the CPU.
+fn rounded(shape: &[usize], scale: f32, dtype: DType) -> Result<Tensor, ModelError> {
+    let t = (Tensor::randn(0f32, 1f32, shape, &Device::Cpu)? * scale as f64)?;
+    Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?)
+}
+
+fn max_abs_diff(want: &Tensor, got: &Tensor) -> Result<f32, ModelError> {
+    let got = got.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
+    let (a, b) = (
+        want.flatten_all()?.to_vec1::<f32>()?,
+        got.flatten_all()?.to_vec1::<f32>()?,
+    );
+    if a.len() != b.len() {
+        return Ok(f32::NAN);
+    }
+    Ok(a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, |m, d| {
+            if m.is_nan() || d.is_nan() {
+                f32::NAN
+            } else {
+                m.max(d)
+            }
+        }))
+}
+
+/// Every check on `device`.
+pub fn check_kernels(device: &Device) -> Result<Vec<KernelCheck>, ModelError> {
+    let mut out = Vec::new();
+    for dtype in dtypes(device) {
+        attention_checks(device, dtype, &mut out)?;
+        row_checks(device, dtype, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn attention_checks(
+    device: &Device,
+    dtype: DType,
+    out: &mut Vec<KernelCheck>,
+) -> Result<(), ModelError> {
+    let starts: Vec<usize> = LENS
+        .iter()
+        .scan(0, |s, &l| {
+            let at = *s;
+            *s += l;
+            Some(at)
+        })
+        .collect();
+    let n: usize = LENS.iter().sum();
+    let span = *LENS.iter().max().expect("rows");
+    let varlen = Varlen::new(&starts, &LENS, device)?;
+    for heads in [
+        Heads { q: 2, kv: 2, d: 8 },
+        Heads { q: 3, kv: 1, d: 32 },
+        Heads { q: 4, kv: 2, d: 64 },
+        Heads {
+            q: 2,
+            kv: 1,
+            d: 128,
+        },
+        Heads {
+            q: 1,
+            kv: 1,
+            d: 256,
+        },
+    ] {
+        // Scores of unit scale, as a model's (its Q carries 1/√d).
+        let qkv = rounded(&[n, heads.qkv_width()], (heads.d as f32).powf(-0.25), dtype)?;
+        let on_device = qkv.to_dtype(dtype)?.to_device(device)?;
+        let table = rounded(&[heads.q * (2 * span - 1)], 1.0, DType::F32)?;
+        let relative = RelativeBias {
+            span,
+            table: table.to_vec1()?,
+            on_device: Some(table.to_device(device)?),
+            padded: None,
+        };
+        for (name, mask) in [
+            ("full", Mask::Full),
+            ("window 2", Mask::Window(2)),
+            ("causal", Mask::Causal),
+            ("relative", Mask::Relative(&relative)),
+        ] {
+            let want = kernels::attention(&qkv, &starts, &LENS, heads, mask)?;
+            let got = varlen.attend(&on_device, heads, mask)?;
+            out.push(KernelCheck {
+                op: "varlen_attention",
+                case: format!("q{} kv{} d{}, {name}", heads.q, heads.kv, heads.d),
+                dtype,
+                max_abs_diff: max_abs_diff(&want, &got)?,
+                bound: bound(dtype),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn row_checks(device: &Device, dtype: DType, out: &mut Vec<KernelCheck>) -> Result<(), ModelError> {
+    // 40 and 384 wide: a width that is not a multiple of a warp, and MiniLM's.
+    for (rows, h) in [(9usize, 40usize), (33, 384)] {
+        let x = rounded(&[rows, h], 2.0, dtype)?;
+        let res = rounded(&[rows, h], 2.0, dtype)?;
+        let bias = rounded(&[h], 0.5, dtype)?;
+        let gamma = (rounded(&[h], 0.5, dtype)? + 1.0)?
+            .to_dtype(dtype)?
+            .to_dtype(DType::F32)?;
+        let beta = rounded(&[h], 0.5, dtype)?;
+        let params = Tensor::stack(&[&bias, &gamma, &beta], 0)?;
+        let dev = |t: &Tensor| -> Result<Tensor, ModelError> {
+            Ok(t.to_dtype(dtype)?.to_device(device)?)
+        };
+        let eps = 1e-12;
+        let case = format!("{rows} × {h}");
+        let ops = CardOps::Gpulane;
+        let pairs = [
+            (
+                "add_norm",
+                kernels::add_norm(&x, &res, &params, eps, ops)?,
+                kernels::add_norm(&dev(&x)?, &dev(&res)?, &dev(&params)?, eps, ops)?,
+            ),
+            (
+                "bias_gelu",
+                kernels::bias_gelu(&x, &bias, ops)?,
+                kernels::bias_gelu(&dev(&x)?, &dev(&bias)?, ops)?,
+            ),
+            (
+                "gated_gelu",
+                kernels::gated_gelu(&x, ops)?,
+                kernels::gated_gelu(&dev(&x)?, ops)?,
+            ),
+        ];
+        for (op, want, got) in pairs {
+            out.push(KernelCheck {
+                op,
+                case: case.clone(),
+                dtype,
+                max_abs_diff: max_abs_diff(&want, &got)?,
+                bound: bound(dtype),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the CPU the check runs the varlen route's Rust twin against the packed kernel
+    /// (and the row kernels against themselves): every case is there and within bounds.
+    #[test]
+    fn the_kernel_check_runs_on_the_cpu_and_passes() {
+        let checks = check_kernels(&Device::Cpu).unwrap();
+        assert_eq!(checks.len(), 5 * 4 + 2 * 3, "{checks:?}");
+        for c in &checks {
+            assert!(c.ok(), "{c:?}");
+        }
+        let failed = KernelCheck {
+            max_abs_diff: f32::NAN,
+            ..checks[0].clone()
+        };
+        assert!(!failed.ok(), "a NaN output fails");
+    }
+}
