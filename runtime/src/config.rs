@@ -400,10 +400,11 @@ pub struct RunArgs {
     #[arg(long, env = "GPULANE_BATCH_ROWS", default_value_t = 32, value_parser = at_least_one())]
     pub batch_rows: usize,
 
-    /// How attention runs on cards: `varlen` (gpulane's packed kernel: no padding, one
-    /// launch per layer) or `padded` (candle ops over rows padded per length group, the
-    /// route before the kernel: to compare with, or to fall back on). The CPU in f32
-    /// always runs its own packed kernel.
+    /// How cards run attention and the element-wise steps: `varlen` (gpulane's own CUDA
+    /// kernels: packed attention with no padding, fused bias+GELU and
+    /// bias+residual+LayerNorm) or `padded` (candle's ops throughout, attention over rows
+    /// padded per length group: the route before gpulane's kernels, to compare with or
+    /// to fall back on). The CPU in f32 always runs its own kernels.
     #[arg(long, env = "GPULANE_GPU_ATTENTION", default_value = "varlen")]
     pub gpu_attention: gpulane_models::Attention,
 
