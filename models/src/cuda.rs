@@ -83,36 +83,31 @@ macro_rules! by_dtype {
     };
 }
 
-/// Packed attention (see `varlen.rs`): `[n, q·d]` from `qkv`, the key ranges and, for a
-/// relative bias, its table.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn varlen_attention(
-    qkv: &CudaStorage,
-    l_qkv: &Layout,
-    ranges: &CudaStorage,
-    l_ranges: &Layout,
-    rel: Option<(&CudaStorage, &Layout)>,
-    n: usize,
-    heads: Heads,
-    span: usize,
-) -> Result<CudaStorage> {
-    by_dtype!(
-        qkv,
-        attention(qkv, l_qkv, ranges, l_ranges, rel, n, heads, span)
-    )
+/// One packed attention's operands (see `varlen.rs`): `qkv`, the key ranges and, for a
+/// relative bias, its table, each with its layout; `n` tokens of `heads`.
+pub(crate) struct VarlenArgs<'a> {
+    pub(crate) qkv: (&'a CudaStorage, &'a Layout),
+    pub(crate) ranges: (&'a CudaStorage, &'a Layout),
+    pub(crate) rel: Option<(&'a CudaStorage, &'a Layout)>,
+    pub(crate) n: usize,
+    pub(crate) heads: Heads,
+    pub(crate) span: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attention<T: CudaDType + DeviceRepr + WithDType>(
-    qkv: &CudaStorage,
-    l_qkv: &Layout,
-    ranges: &CudaStorage,
-    l_ranges: &Layout,
-    rel: Option<(&CudaStorage, &Layout)>,
-    n: usize,
-    heads: Heads,
-    span: usize,
-) -> Result<CudaStorage> {
+/// Packed attention: `[n, q·d]`.
+pub(crate) fn varlen_attention(a: &VarlenArgs) -> Result<CudaStorage> {
+    by_dtype!(a.qkv.0, attention(a))
+}
+
+fn attention<T: CudaDType + DeviceRepr + WithDType>(a: &VarlenArgs) -> Result<CudaStorage> {
+    let VarlenArgs {
+        qkv: (qkv, l_qkv),
+        ranges: (ranges, l_ranges),
+        rel,
+        n,
+        heads,
+        span,
+    } = *a;
     let dev: &CudaDevice = qkv.device();
     let dpl = dims_per_lane(heads.d)
         .ok_or_else(|| candle_core::Error::Msg(format!("attention heads of {} > 256", heads.d)))?;

@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::{
     kernels::{self, CardOps, Heads, Mask, RelativeBias},
-    varlen::Varlen,
+    varlen::{row_starts, Varlen},
     ModelError,
 };
 
@@ -103,14 +103,7 @@ fn attention_checks(
     dtype: DType,
     out: &mut Vec<KernelCheck>,
 ) -> Result<(), ModelError> {
-    let starts: Vec<usize> = LENS
-        .iter()
-        .scan(0, |s, &l| {
-            let at = *s;
-            *s += l;
-            Some(at)
-        })
-        .collect();
+    let starts = row_starts(&LENS);
     let n: usize = LENS.iter().sum();
     let span = *LENS.iter().max().expect("rows");
     let varlen = Varlen::new(&starts, &LENS, device)?;

@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 
 use crate::{
     kernels::{self, CardOps, Heads, Mask, RelativeBias},
-    varlen::{dims_per_lane, key_ranges, launch_geometry, Keys},
+    varlen::{dims_per_lane, key_ranges, launch_geometry, row_starts, Keys},
 };
 
 extern "C" {
@@ -144,14 +144,7 @@ fn packed_attention(
 #[test]
 fn emulated_varlen_kernel_matches_the_packed_cpu_kernel() {
     let lens = [5usize, 1, 13, 3, 9];
-    let starts: Vec<usize> = lens
-        .iter()
-        .scan(0, |s, &l| {
-            let at = *s;
-            *s += l;
-            Some(at)
-        })
-        .collect();
+    let starts = row_starts(&lens);
     let n: usize = lens.iter().sum();
     for heads in [
         Heads { q: 2, kv: 2, d: 8 },

@@ -57,6 +57,17 @@ pub(crate) fn key_ranges(starts: &[usize], lens: &[usize], keys: Keys) -> Vec<u3
     out
 }
 
+/// Where each row of `lens` starts among the packed tokens.
+pub(crate) fn row_starts(lens: &[usize]) -> Vec<usize> {
+    lens.iter()
+        .scan(0, |s, &l| {
+            let at = *s;
+            *s += l;
+            Some(at)
+        })
+        .collect()
+}
+
 /// A batch's key ranges on its device: the whole-row ones, and those of one other mask
 /// (every local layer of a model has the same window), built on first use.
 pub(crate) struct Varlen {
@@ -210,7 +221,14 @@ impl CustomOp3 for VarlenAttention {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let n = self.check(l1, l2)?;
         let rel = (self.span > 0).then_some((s3, l3));
-        let out = crate::cuda::varlen_attention(s1, l1, s2, l2, rel, n, self.heads, self.span)?;
+        let out = crate::cuda::varlen_attention(&crate::cuda::VarlenArgs {
+            qkv: (s1, l1),
+            ranges: (s2, l2),
+            rel,
+            n,
+            heads: self.heads,
+            span: self.span,
+        })?;
         Ok((out, Shape::from((n, self.heads.q * self.heads.d))))
     }
 }
