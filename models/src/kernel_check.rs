@@ -139,7 +139,7 @@ fn attention_checks(
             ("relative", Mask::Relative(&relative)),
         ] {
             let want = kernels::attention(&qkv, &starts, &LENS, heads, mask)?;
-            let got = varlen.attend(&on_device, heads, mask)?;
+            let got = varlen.attend(&on_device, (&starts, &LENS), heads, mask)?;
             out.push(KernelCheck {
                 op: "varlen_attention",
                 case: format!("q{} kv{} d{}, {name}", heads.q, heads.kv, heads.d),

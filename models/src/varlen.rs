@@ -70,9 +70,8 @@ pub(crate) fn row_starts(lens: &[usize]) -> Vec<usize> {
 
 /// A batch's key ranges on its device: the whole-row ones, and those of one other mask
 /// (every local layer of a model has the same window), built on first use.
+/// The rows are the batch's own (`starts`, `lens`), passed to each call.
 pub(crate) struct Varlen {
-    starts: Vec<usize>,
-    lens: Vec<usize>,
     row: Tensor,
     other: OnceCell<(Keys, Tensor)>,
 }
@@ -81,21 +80,26 @@ impl Varlen {
     pub(crate) fn new(starts: &[usize], lens: &[usize], device: &Device) -> Result<Self> {
         Ok(Self {
             row: ranges_tensor(starts, lens, Keys::Row, device)?,
-            starts: starts.to_vec(),
-            lens: lens.to_vec(),
             other: OnceCell::new(),
         })
     }
 
-    /// Attention of packed `qkv` (`[N, (q + 2·kv)·d]`, Q pre-scaled) to `[N, q·d]`.
-    pub(crate) fn attend(&self, qkv: &Tensor, heads: Heads, mask: Mask) -> Result<Tensor> {
+    /// Attention of packed `qkv` (`[N, (q + 2·kv)·d]`, Q pre-scaled) to `[N, q·d]`, for
+    /// the rows this was made for.
+    pub(crate) fn attend(
+        &self,
+        qkv: &Tensor,
+        (starts, lens): (&[usize], &[usize]),
+        heads: Heads,
+        mask: Mask,
+    ) -> Result<Tensor> {
         let keys = Keys::of(&mask);
         let ranges = match keys {
             Keys::Row => self.row.clone(),
             _ => match self.other.get() {
                 Some((k, t)) if *k == keys => t.clone(),
                 _ => {
-                    let t = ranges_tensor(&self.starts, &self.lens, keys, qkv.device())?;
+                    let t = ranges_tensor(starts, lens, keys, qkv.device())?;
                     let _ = self.other.set((keys, t.clone()));
                     t
                 }
@@ -103,9 +107,7 @@ impl Varlen {
         };
         let (span, table) = match mask {
             Mask::Relative(r) => {
-                if self.lens.iter().any(|&l| l > r.span)
-                    || r.table.len() != heads.q * (2 * r.span - 1)
-                {
+                if lens.iter().any(|&l| l > r.span) || r.table.len() != heads.q * (2 * r.span - 1) {
                     candle_core::bail!("attention: relative bias table does not cover the batch");
                 }
                 let table = match &r.on_device {

@@ -256,7 +256,9 @@ impl Batch {
                     mask,
                 )?)
             }
-            Layout::Varlen(v) => return Ok(v.attend(qkv, heads, mask)?),
+            Layout::Varlen(v) => {
+                return Ok(v.attend(qkv, (&self.starts, &self.lens), heads, mask)?)
+            }
             Layout::Padded(p) => p,
         };
         let outs = p
