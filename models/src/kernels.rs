@@ -215,6 +215,17 @@ pub(crate) struct RelativeBias {
     pub padded: Option<Tensor>,
 }
 
+impl RelativeBias {
+    /// Refuses a table that does not reach every row of `lens` or has no row per head.
+    pub(crate) fn covers(&self, lens: &[usize], heads: Heads) -> Result<()> {
+        if lens.iter().any(|&l| l > self.span) || self.table.len() != heads.q * (2 * self.span - 1)
+        {
+            candle_core::bail!("attention: relative bias table does not cover the batch");
+        }
+        Ok(())
+    }
+}
+
 /// Attention for one sequence, every head: `qkv` holds its `len` packed rows of
 /// `[Q | K | V]` (Q pre-scaled by 1/√d), `out` its `len` rows of `q·d`. Per head, scores =
 /// Q·Kᵀ and out = softmax(scores)·V are two single-threaded gemm calls that read Q, K and
@@ -671,9 +682,7 @@ pub(crate) fn attention(
     mask: Mask,
 ) -> Result<Tensor> {
     if let Mask::Relative(r) = mask {
-        if lens.iter().any(|&l| l > r.span) || r.table.len() != heads.q * (2 * r.span - 1) {
-            candle_core::bail!("attention: relative bias table does not cover the batch");
-        }
+        r.covers(lens, heads)?;
     }
     qkv.apply_op1_no_bwd(&PackedAttention {
         starts,

@@ -107,13 +107,13 @@ impl Varlen {
         };
         let (span, table) = match mask {
             Mask::Relative(r) => {
-                if lens.iter().any(|&l| l > r.span) || r.table.len() != heads.q * (2 * r.span - 1) {
-                    candle_core::bail!("attention: relative bias table does not cover the batch");
-                }
-                let table = match &r.on_device {
-                    Some(t) => t.clone(),
-                    None => Tensor::from_slice(&r.table, r.table.len(), qkv.device())?,
-                };
+                r.covers(lens, heads)?;
+                let table = r.on_device.clone().ok_or_else(|| {
+                    candle_core::Error::Msg(
+                        "attention: relative bias not laid out for the varlen route; this is a bug"
+                            .into(),
+                    )
+                })?;
                 (r.span, table)
             }
             // Unread by the kernel when span is 0; any tensor on the device will do.
@@ -259,15 +259,10 @@ pub(crate) fn dims_per_lane(d: usize) -> Option<u32> {
     }
 }
 
-/// Whether the varlen route serves `dtype` (f32, f16, bf16; on the CPU, whose twin is
-/// here, f32 only) and heads of `head` dims (up to 256).
-pub(crate) fn runs(device: &Device, dtype: DType, head: usize) -> bool {
-    dims_per_lane(head).is_some()
-        && match device {
-            Device::Cpu => dtype == DType::F32,
-            Device::Cuda(_) => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
-            _ => false,
-        }
+/// Whether the card kernel serves `dtype` (f32, f16, bf16) and heads of `head` dims (up
+/// to 256). The CPU twin is only ever forced (tests, `kernel-check`), in f32.
+pub(crate) fn serves(dtype: DType, head: usize) -> bool {
+    dims_per_lane(head).is_some() && matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }
 
 #[cfg(test)]
@@ -301,8 +296,8 @@ mod tests {
         assert_eq!(dims_per_lane(256), Some(8));
         assert_eq!(dims_per_lane(257), None);
         assert_eq!(launch_geometry(9), (3, 128));
-        assert!(runs(&Device::Cpu, DType::F32, 256));
-        assert!(!runs(&Device::Cpu, DType::F32, 320));
-        assert!(!runs(&Device::Cpu, DType::BF16, 64));
+        assert!(serves(DType::F16, 256));
+        assert!(!serves(DType::F16, 320));
+        assert!(!serves(DType::U32, 64));
     }
 }

@@ -16,14 +16,17 @@ use crate::{
     ModelError,
 };
 
-/// How attention runs on a card (the CPU in f32 always runs its fused packed kernel).
+/// How a card runs attention and the element-wise steps (the CPU in f32 always runs its
+/// own packed and fused kernels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Attention {
-    /// gpulane's varlen kernel: packed rows, no padding.
+    /// gpulane's CUDA kernels: varlen attention over packed rows (no padding), fused
+    /// bias+GELU, gated GELU and bias+residual+LayerNorm. Heads wider than 256 still pad
+    /// their attention.
     #[default]
     Varlen,
-    /// The padded path in candle ops, per length group: the route before the varlen
-    /// kernel, kept to compare with and to fall back on.
+    /// candle's ops throughout, attention padded per length group: the route before
+    /// gpulane's CUDA kernels, kept to compare with and to fall back on.
     Padded,
 }
 
@@ -74,9 +77,7 @@ impl Routing {
         }
         if kernels::packed_attention_runs(device, dtype) {
             Route::Packed
-        } else if device.is_cuda()
-            && self.card == Attention::Varlen
-            && varlen::runs(device, dtype, head)
+        } else if device.is_cuda() && self.card == Attention::Varlen && varlen::serves(dtype, head)
         {
             Route::Varlen
         } else {
@@ -93,8 +94,8 @@ impl Routing {
     }
 }
 
-/// Packed token ids, each token's position in its row, each row's start and length, and,
-/// off the fused CPU path, what the padded attention path needs.
+/// Packed token ids, each token's position in its row, each row's start and length, and
+/// what the batch's attention route needs besides.
 pub(crate) struct Batch {
     /// `[N]` token ids of every row, concatenated.
     pub(crate) ids: Tensor,

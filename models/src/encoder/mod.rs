@@ -9,9 +9,9 @@
 //! even after length sorting), and their element-wise steps were slow on the CPU (see
 //! `kernels`). Here the dense layers (three quarters of the FLOPs) see only real tokens,
 //! and so does attention on the CPU in f32 and on cards (the varlen kernel); only the
-//! CPU in f16/bf16 and `--gpu-attention padded` pad attention, per length group. Weights are laid out once at load for
-//! the fused steps: Q, K and V as one matrix with the 1/√d scale folded in, every matrix
-//! transposed to `[in, out]`.
+//! CPU in f16/bf16 and `--gpu-attention padded` pad attention, per length group. Weights
+//! are laid out once at load for the fused steps: Q, K and V as one matrix with the 1/√d
+//! scale folded in, every matrix transposed to `[in, out]`.
 
 mod act;
 mod batch;
