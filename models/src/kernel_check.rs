@@ -39,8 +39,83 @@ impl KernelCheck {
     }
 }
 
-/// Rows of mixed lengths, one of a single token.
-const LENS: [usize; 5] = [5, 1, 13, 3, 9];
+/// Rows of mixed lengths, one of a single token (also the emulated tests' batch).
+pub(crate) const LENS: [usize; 5] = [5, 1, 13, 3, 9];
+
+/// Heads of every lane split the attention kernel has: 1, 2, 4 and 8 dims a lane, some
+/// lanes idle (8, 40, 72, 160), grouped-query heads among them (also the emulated tests').
+pub(crate) const HEADS: [Heads; 7] = [
+    Heads { q: 2, kv: 2, d: 8 },
+    Heads { q: 3, kv: 1, d: 32 },
+    Heads { q: 4, kv: 2, d: 40 },
+    Heads { q: 1, kv: 1, d: 72 },
+    Heads {
+        q: 2,
+        kv: 1,
+        d: 128,
+    },
+    Heads {
+        q: 2,
+        kv: 1,
+        d: 160,
+    },
+    Heads {
+        q: 1,
+        kv: 1,
+        d: 256,
+    },
+];
+
+/// One attention case's inputs for [`LENS`]: packed `qkv` (f32 on the CPU, rounded to
+/// `dtype`) with scores of unit scale, as a model's (its Q carries 1/√d: raw N(0, 1)
+/// inputs give a 256-dim head scores of ±50, where any two summation orders differ by
+/// more than rounding through the softmax), and a relative bias over the rows, its table
+/// on `device`.
+pub(crate) fn attention_inputs(
+    heads: Heads,
+    dtype: DType,
+    device: &Device,
+) -> Result<(Tensor, RelativeBias), ModelError> {
+    let n: usize = LENS.iter().sum();
+    let span = *LENS.iter().max().expect("rows");
+    let qkv = rounded(&[n, heads.qkv_width()], (heads.d as f32).powf(-0.25), dtype)?;
+    let table = rounded(&[heads.q * (2 * span - 1)], 1.0, DType::F32)?;
+    let relative = RelativeBias {
+        span,
+        table: table.to_vec1()?,
+        on_device: Some(table.to_device(device)?),
+        padded: None,
+    };
+    Ok((qkv, relative))
+}
+
+/// Every mask, by name.
+pub(crate) fn masks(relative: &RelativeBias) -> [(&'static str, Mask<'_>); 4] {
+    [
+        ("full", Mask::Full),
+        ("window 2", Mask::Window(2)),
+        ("causal", Mask::Causal),
+        ("relative", Mask::Relative(relative)),
+    ]
+}
+
+/// The largest |a − b|, NaN if any element is NaN or the lengths differ (so an output
+/// left unwritten, or NaN, fails every bound).
+pub(crate) fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() {
+        return f32::NAN;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, |m, d| {
+            if m.is_nan() || d.is_nan() {
+                f32::NAN
+            } else {
+                m.max(d)
+            }
+        })
+}
 
 /// Outputs are within a few units of 0, so one rounding of the output to the dtype, plus
 /// accumulation order, stays far under these; a wrong index or reduction is off by O(1).
@@ -67,25 +142,12 @@ fn rounded(shape: &[usize], scale: f32, dtype: DType) -> Result<Tensor, ModelErr
     Ok(t.to_dtype(dtype)?.to_dtype(DType::F32)?)
 }
 
-fn max_abs_diff(want: &Tensor, got: &Tensor) -> Result<f32, ModelError> {
+fn tensor_diff(want: &Tensor, got: &Tensor) -> Result<f32, ModelError> {
     let got = got.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
-    let (a, b) = (
-        want.flatten_all()?.to_vec1::<f32>()?,
-        got.flatten_all()?.to_vec1::<f32>()?,
-    );
-    if a.len() != b.len() {
-        return Ok(f32::NAN);
-    }
-    Ok(a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, |m, d| {
-            if m.is_nan() || d.is_nan() {
-                f32::NAN
-            } else {
-                m.max(d)
-            }
-        }))
+    Ok(max_abs_diff(
+        &want.flatten_all()?.to_vec1::<f32>()?,
+        &got.flatten_all()?.to_vec1::<f32>()?,
+    ))
 }
 
 /// Every check on `device`.
@@ -104,47 +166,18 @@ fn attention_checks(
     out: &mut Vec<KernelCheck>,
 ) -> Result<(), ModelError> {
     let starts = row_starts(&LENS);
-    let n: usize = LENS.iter().sum();
-    let span = *LENS.iter().max().expect("rows");
     let varlen = Varlen::new(&starts, &LENS, device)?;
-    for heads in [
-        Heads { q: 2, kv: 2, d: 8 },
-        Heads { q: 3, kv: 1, d: 32 },
-        Heads { q: 4, kv: 2, d: 64 },
-        Heads {
-            q: 2,
-            kv: 1,
-            d: 128,
-        },
-        Heads {
-            q: 1,
-            kv: 1,
-            d: 256,
-        },
-    ] {
-        // Scores of unit scale, as a model's (its Q carries 1/√d).
-        let qkv = rounded(&[n, heads.qkv_width()], (heads.d as f32).powf(-0.25), dtype)?;
+    for heads in HEADS {
+        let (qkv, relative) = attention_inputs(heads, dtype, device)?;
         let on_device = qkv.to_dtype(dtype)?.to_device(device)?;
-        let table = rounded(&[heads.q * (2 * span - 1)], 1.0, DType::F32)?;
-        let relative = RelativeBias {
-            span,
-            table: table.to_vec1()?,
-            on_device: Some(table.to_device(device)?),
-            padded: None,
-        };
-        for (name, mask) in [
-            ("full", Mask::Full),
-            ("window 2", Mask::Window(2)),
-            ("causal", Mask::Causal),
-            ("relative", Mask::Relative(&relative)),
-        ] {
+        for (name, mask) in masks(&relative) {
             let want = kernels::attention(&qkv, &starts, &LENS, heads, mask)?;
             let got = varlen.attend(&on_device, (&starts, &LENS), heads, mask)?;
             out.push(KernelCheck {
                 op: "varlen_attention",
                 case: format!("q{} kv{} d{}, {name}", heads.q, heads.kv, heads.d),
                 dtype,
-                max_abs_diff: max_abs_diff(&want, &got)?,
+                max_abs_diff: tensor_diff(&want, &got)?,
                 bound: bound(dtype),
             });
         }
@@ -191,7 +224,7 @@ fn row_checks(device: &Device, dtype: DType, out: &mut Vec<KernelCheck>) -> Resu
                 op,
                 case: case.clone(),
                 dtype,
-                max_abs_diff: max_abs_diff(&want, &got)?,
+                max_abs_diff: tensor_diff(&want, &got)?,
                 bound: bound(dtype),
             });
         }
@@ -208,7 +241,7 @@ mod tests {
     #[test]
     fn the_kernel_check_runs_on_the_cpu_and_passes() {
         let checks = check_kernels(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 5 * 4 + 2 * 3, "{checks:?}");
+        assert_eq!(checks.len(), HEADS.len() * 4 + 2 * 3, "{checks:?}");
         for c in &checks {
             assert!(c.ok(), "{c:?}");
         }

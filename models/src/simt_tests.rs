@@ -5,10 +5,11 @@
 //! grouped-query and relative-bias offsets) on every machine; only f32 storage exists
 //! here, so f16/bf16 and the driver are left to `scripts/gpu-check.sh` on a card.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::{
-    kernels::{self, CardOps, Heads, Mask, RelativeBias},
+    kernel_check::{attention_inputs, masks, max_abs_diff, HEADS, LENS},
+    kernels::{self, CardOps, Heads, Mask},
     varlen::{dims_per_lane, key_ranges, launch_geometry, row_starts, Keys},
 };
 
@@ -60,26 +61,6 @@ extern "C" {
 fn randn(n: usize, scale: f32) -> Vec<f32> {
     let t = Tensor::randn(0f32, scale, n, &Device::Cpu).unwrap();
     t.to_vec1().unwrap()
-}
-
-/// The largest difference, NaN if any element is NaN (outputs start as NaN, so one the
-/// kernel never wrote fails the comparison).
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, |m, d| {
-            if d > m || d.is_nan() || m.is_nan() {
-                if m.is_nan() {
-                    m
-                } else {
-                    d
-                }
-            } else {
-                m
-            }
-        })
 }
 
 /// The emulated kernel's context for packed `qkv`, as `varlen.rs` would launch it.
@@ -137,52 +118,20 @@ fn packed_attention(
         .unwrap()
 }
 
-/// Rows of mixed lengths (one of a single token), and heads of every lane split the
-/// kernel has: d = 8 (most lanes idle), 32, 40 (two dims a lane, the second partly
-/// idle), 72 (four), 160 and 256 (eight), grouped-query heads included; every mask; a token count that
-/// leaves the last block's warps partly past the end.
+/// The kernel check's cases (`kernel_check.rs`: rows of mixed lengths, one of a single
+/// token; heads of every lane split the kernel has, grouped-query heads included; every
+/// mask), under the emulator; the token count leaves the last block's warps partly past
+/// the end.
 #[test]
 fn emulated_varlen_kernel_matches_the_packed_cpu_kernel() {
-    let lens = [5usize, 1, 13, 3, 9];
-    let starts = row_starts(&lens);
-    let n: usize = lens.iter().sum();
-    for heads in [
-        Heads { q: 2, kv: 2, d: 8 },
-        Heads { q: 3, kv: 1, d: 32 },
-        Heads { q: 4, kv: 2, d: 40 },
-        Heads { q: 1, kv: 1, d: 72 },
-        Heads {
-            q: 2,
-            kv: 1,
-            d: 160,
-        },
-        Heads {
-            q: 1,
-            kv: 1,
-            d: 256,
-        },
-    ] {
-        // Scores of unit scale, as a model's (its Q carries 1/√d): with raw N(0, 1) inputs a
-        // 256-dim head's scores reach ±50, and the two sides' different summation orders
-        // then differ by more than rounding through the softmax's exponent.
-        let qkv = randn(n * heads.qkv_width(), (heads.d as f32).powf(-0.25));
-        let span = 13;
-        let table = randn(heads.q * (2 * span - 1), 1.0);
-        let relative = RelativeBias {
-            span,
-            table,
-            on_device: None,
-            padded: None,
-        };
-        for mask in [
-            Mask::Full,
-            Mask::Window(2),
-            Mask::Causal,
-            Mask::Relative(&relative),
-        ] {
-            let want = packed_attention(&qkv, &starts, &lens, heads, mask);
-            let got = emulated_attention(&qkv, &starts, &lens, heads, &mask);
-            let diff = max_diff(&want, &got);
+    let starts = row_starts(&LENS);
+    for heads in HEADS {
+        let (qkv, relative) = attention_inputs(heads, DType::F32, &Device::Cpu).unwrap();
+        let qkv: Vec<f32> = qkv.flatten_all().unwrap().to_vec1().unwrap();
+        for (_, mask) in masks(&relative) {
+            let want = packed_attention(&qkv, &starts, &LENS, heads, mask);
+            let got = emulated_attention(&qkv, &starts, &LENS, heads, &mask);
+            let diff = max_abs_diff(&want, &got);
             assert!(diff < 1e-5, "{heads:?}, {mask:?}: max diff {diff}");
         }
     }
@@ -229,7 +178,7 @@ fn emulated_row_kernels_match_the_cpu_kernels() {
         )
         .unwrap(),
     );
-    let diff = max_diff(&want, &out);
+    let diff = max_abs_diff(&want, &out);
     assert!(diff < 1e-4, "add-norm: max diff {diff}");
 
     let bias = &params[..h];
@@ -248,7 +197,7 @@ fn emulated_row_kernels_match_the_cpu_kernels() {
     }
     let bias_t = Tensor::from_slice(bias, h, &Device::Cpu).unwrap();
     let want = flat(kernels::bias_gelu(&t(&x, (rows, h)), &bias_t, CardOps::Gpulane).unwrap());
-    let diff = max_diff(&want, &out);
+    let diff = max_abs_diff(&want, &out);
     assert!(diff < 1e-5, "bias-gelu: max diff {diff}");
 
     let i = h / 2;
@@ -265,6 +214,6 @@ fn emulated_row_kernels_match_the_cpu_kernels() {
         );
     }
     let want = flat(kernels::gated_gelu(&t(&x, (rows, h)), CardOps::Gpulane).unwrap());
-    let diff = max_diff(&want, &out);
+    let diff = max_abs_diff(&want, &out);
     assert!(diff < 1e-5, "gated-gelu: max diff {diff}");
 }
