@@ -30,6 +30,16 @@ pub enum EngineDevice {
     Cuda(usize),
 }
 
+impl EngineDevice {
+    /// candle's device for it (a CUDA context, for a card).
+    pub fn open(&self) -> Result<Device, ModelError> {
+        Ok(match self {
+            EngineDevice::Cpu => Device::Cpu,
+            EngineDevice::Cuda(ordinal) => Device::new_cuda(*ordinal)?,
+        })
+    }
+}
+
 /// How an engine loads its model.
 #[derive(Clone)]
 pub struct EngineOptions {
@@ -338,10 +348,7 @@ impl Engine {
         if opts.int8 && !crate::int8::vnni() {
             tracing::warn!(model = name, "int8 on a CPU without AVX-512 VNNI runs the portable kernel, which is not tuned: f32 may be faster here");
         }
-        let device = match device {
-            EngineDevice::Cpu => Device::Cpu,
-            EngineDevice::Cuda(ordinal) => Device::new_cuda(*ordinal)?,
-        };
+        let device = device.open()?;
         let rows = opts.batch_rows.unwrap_or(MAX_BATCH_ROWS).max(1);
         let (model, kind, limits) = if is_cross_encoder(dir)? {
             let mut m = CrossEncoder::load(dir, &device, opts.dtype)?;

@@ -175,17 +175,17 @@ fn parse_dtype(s: &str) -> Result<BenchDtype, String> {
 
 /// A device to measure, resolved.
 #[derive(Debug, Clone)]
-struct Target {
+pub(crate) struct Target {
     /// `cpu` or `cuda:N`.
-    label: String,
-    engine: EngineDevice,
+    pub(crate) label: String,
+    pub(crate) engine: EngineDevice,
     /// The card, when the inventory knows it.
     gpu: Option<GpuDevice>,
 }
 
 /// Turns `--device` entries into devices, reading the inventory only when a card is named
 /// by UUID or `all` is asked for. Cards need the `cuda` feature; no silent CPU fallback.
-fn targets(
+pub(crate) fn targets(
     wanted: &[BenchDevice],
     cards: impl FnOnce() -> Result<Vec<GpuDevice>, RuntimeError>,
     cuda_built: bool,

@@ -57,9 +57,9 @@ pub enum Command {
 /// `gpulane kernel-check`.
 #[derive(Debug, Clone, Args)]
 pub struct KernelCheckArgs {
-    /// `cpu`, or `cuda:N` (the CUDA ordinal; needs the cuda build).
+    /// `cpu`, or `cuda:N` (the CUDA ordinal; needs the cuda build), as `bench` takes it.
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: crate::bench::BenchDevice,
     /// Also write every check as JSON (`{"device", "checks": [{"op", "case", "dtype",
     /// "max_abs_diff", "bound", "ok"}]}`).
     #[arg(long)]

@@ -2,10 +2,10 @@
 //! kernels (`gpulane_models::check_kernels`), as a table and optionally JSON; exits
 //! non-zero when any check is out of bounds. `scripts/gpu-check.sh` runs it on a card.
 
-use gpulane_models::{check_kernels, Device, KernelCheck};
+use gpulane_models::{check_kernels, KernelCheck};
 use serde::Serialize;
 
-use crate::{config::KernelCheckArgs, RuntimeError};
+use crate::{bench, config::KernelCheckArgs, RuntimeError};
 
 #[derive(Serialize)]
 struct Row<'a> {
@@ -23,34 +23,33 @@ struct Report<'a> {
     checks: Vec<Row<'a>>,
 }
 
-/// `cpu` or `cuda:N`.
-fn device(spec: &str) -> Result<Device, RuntimeError> {
-    if spec == "cpu" {
-        return Ok(Device::Cpu);
-    }
-    let ordinal = spec
-        .strip_prefix("cuda:")
-        .and_then(|n| n.parse::<usize>().ok())
-        .ok_or_else(|| {
-            RuntimeError::Config(format!("--device {spec:?}: use cpu or cuda:N (an ordinal)"))
-        })?;
-    Device::new_cuda(ordinal).map_err(|e| {
-        RuntimeError::Config(format!(
-            "--device {spec}: {e} (CUDA needs the cuda build and a card)"
-        ))
-    })
-}
-
 pub(crate) async fn run(args: &KernelCheckArgs) -> Result<(), RuntimeError> {
-    let spec = args.device.clone();
+    // One device, named as `bench` names it; a card by its ordinal (no inventory read).
+    let target = bench::targets(
+        std::slice::from_ref(&args.device),
+        || {
+            Err(RuntimeError::Config(
+                "kernel-check --device: name one card by its CUDA ordinal (cuda:N), or cpu".into(),
+            ))
+        },
+        cfg!(feature = "cuda"),
+    )?
+    .into_iter()
+    .next()
+    .expect("one --device is one target; this is a bug");
+    let label = target.label.clone();
     // Kernels, and the CUDA context, off the async runtime.
+    let device = label.clone();
     let checks: Vec<KernelCheck> = tokio::task::spawn_blocking(move || {
-        let dev = device(&spec)?;
-        check_kernels(&dev).map_err(|source| RuntimeError::Model {
-            name: "kernel-check".to_owned(),
-            device: spec.clone(),
-            source: Box::new(source),
-        })
+        target
+            .engine
+            .open()
+            .and_then(|d| check_kernels(&d))
+            .map_err(|source| RuntimeError::Model {
+                name: "kernel-check".to_owned(),
+                device,
+                source: Box::new(source),
+            })
     })
     .await
     .expect("the kernel check does not panic; this is a bug")?;
@@ -71,7 +70,7 @@ pub(crate) async fn run(args: &KernelCheckArgs) -> Result<(), RuntimeError> {
     }
     if let Some(path) = &args.json {
         let report = Report {
-            device: &args.device,
+            device: &label,
             checks: checks
                 .iter()
                 .map(|c| Row {
@@ -95,7 +94,7 @@ pub(crate) async fn run(args: &KernelCheckArgs) -> Result<(), RuntimeError> {
     let failed = checks.iter().filter(|c| !c.ok()).count();
     if failed > 0 {
         return Err(RuntimeError::KernelCheck {
-            device: args.device.clone(),
+            device: label,
             failed,
             total: checks.len(),
         });
