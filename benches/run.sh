@@ -301,6 +301,8 @@ EOF
 run_overhead() {
   rm -f "$OUT"/overhead-*.json
   local pairs=${BENCH_OVERHEAD_PAIRS:-5} r gl_pid null_pid side queue label
+  # One round a load, one workflow per activity, whatever BENCH_ROUNDS / BENCH_FANOUT say.
+  local ROUNDS=1 LOAD_FLAGS=()
   start_server || return 0
   start_gpulane overhead --max-concurrent-cpu 256 || return 0
   gl_pid=$WORKER_PID; WORKER_PID=""
@@ -313,11 +315,8 @@ EOF
   for r in $(seq "$pairs"); do
     for side in gpulane null; do
       if [ "$side" = gpulane ]; then queue=cpu-tools; label=gpulane; else queue=null-embed; label="no-op worker"; fi
-      say "overhead: pair $r/$pairs, 200 workflows × 1 text on $queue ($label)"
-      bounded 600 "$PY" benches/load.py --address "$ADDRESS" --task-queue "$queue" --workflows 200 \
-        --texts 1 --corpus "$OUT/corpus-short.txt" --rounds 1 --label "$label" \
-        --json "$OUT/overhead-$side-$r.json" >&2 2> "$LOGS/load-overhead-$side-$r.log" \
-        || { say "load failed: see $LOGS/load-overhead-$side-$r.log"; tail -5 "$LOGS/load-overhead-$side-$r.log" >&2; }
+      say "overhead: pair $r/$pairs"
+      load "$queue" 200 1 short "$label" "$OUT/overhead-$side-$r.json"
     done
   done
   stop "$gl_pid"; forget "$gl_pid"; stop "$null_pid"; forget "$null_pid"

@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import platform
+import statistics
 import sys
 
 
@@ -204,9 +205,7 @@ def overhead_section(out):
     if not pairs:
         return ["## Per-call overhead", "", "no pair completed", ""]
     rows = [f"| {i} | {fmt(g)} | {fmt(n)} | {100 * g / n:.0f}% |" for i, (g, n) in enumerate(pairs, 1)]
-    shares = sorted(g / n for g, n in pairs)
-    mid = len(shares) // 2
-    med = shares[mid] if len(shares) % 2 else (shares[mid - 1] + shares[mid]) / 2
+    med = statistics.median(g / n for g, n in pairs)
     return [
         "## Per-call overhead: gpulane against the no-op worker" + measured_at(out, "overhead-*.json"),
         "",
