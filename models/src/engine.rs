@@ -158,6 +158,24 @@ struct Driven {
     kind: Arc<ModelKind>,
     dtype_bytes: u64,
     memory: Option<Arc<dyn DeviceMemory>>,
+    /// The model runs on the CPU: its passes run on a rayon worker (see [`Driven::pass`]).
+    on_cpu: bool,
+}
+
+impl Driven {
+    /// One forward pass. On the CPU the whole pass is handed to rayon's pool once, instead
+    /// of each of its ~30 parallel ops (matmuls, attention) being handed over from this
+    /// thread and waited for: that hand-off woke a worker and put this thread to sleep per
+    /// op, and left three threads contending for the cores. On 2 cores it made one-row
+    /// passes ~1.5x slower (benches/RESULTS.md, "one pass on the pool"). A card's pass
+    /// stays on this thread: it waits on the device, and would idle a CPU worker.
+    fn pass(&self, rows: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
+        if self.on_cpu {
+            rayon::scope(|_| self.model.forward(rows))
+        } else {
+            self.model.forward(rows)
+        }
+    }
 }
 
 impl Forward for Driven {
@@ -166,7 +184,7 @@ impl Forward for Driven {
             panic!("engine fault injected by Engine::inject_panic (a supervision test hook)");
         }
         let Some(memory) = &self.memory else {
-            return self.model.forward(rows);
+            return self.pass(rows);
         };
         let longest = rows.iter().map(|r| r.len()).max().unwrap_or(0);
         let bytes = self
@@ -174,7 +192,7 @@ impl Forward for Driven {
             .pass_bytes(rows.len() * longest, longest, self.dtype_bytes);
         memory.take(bytes).map_err(ModelError::OutOfMemory)?;
         let _give_back = GiveBack(memory.clone(), bytes);
-        self.model.forward(rows)
+        self.pass(rows)
     }
 }
 
@@ -386,6 +404,7 @@ impl Engine {
             kind: kind.clone(),
             dtype_bytes: opts.dtype.size_in_bytes() as u64,
             memory: opts.memory.clone(),
+            on_cpu: device.is_cpu(),
         };
         let counters = Arc::new(BatchCounters::default());
         let observers = Observers {
