@@ -170,11 +170,17 @@ impl Driven {
     /// passes ~1.5x slower (benches/RESULTS.md, "one pass on the pool"). A card's pass
     /// stays on this thread: it waits on the device, and would idle a CPU worker.
     fn pass(&self, rows: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
-        if self.on_cpu {
-            rayon::scope(|_| self.model.forward(rows))
-        } else {
-            self.model.forward(rows)
-        }
+        on_pool_if(self.on_cpu, || self.model.forward(rows))
+    }
+}
+
+/// Runs `work` on one of rayon's workers when `cpu`, else on this thread; a panic in it
+/// comes back to this thread either way (the supervision tests kill engines so).
+fn on_pool_if<R: Send>(cpu: bool, work: impl FnOnce() -> R + Send) -> R {
+    if cpu {
+        rayon::scope(|_| work())
+    } else {
+        work()
     }
 }
 
@@ -622,5 +628,36 @@ impl Engine {
             )
             .await?;
         Ok(Scores::from_rows(rows, counts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::on_pool_if;
+
+    #[test]
+    fn a_cpu_pass_runs_on_a_rayon_worker_and_a_card_pass_does_not() {
+        // The engine thread is not a rayon worker; the pass must be, so that its parallel
+        // ops start where they run instead of being handed over one by one.
+        let (cpu, card) = std::thread::spawn(|| {
+            (
+                on_pool_if(true, rayon::current_thread_index),
+                on_pool_if(false, rayon::current_thread_index),
+            )
+        })
+        .join()
+        .unwrap();
+        assert!(cpu.is_some(), "a CPU pass ran off rayon's pool");
+        assert_eq!(card, None, "a card's pass left the engine thread");
+    }
+
+    #[test]
+    fn a_panic_in_a_pooled_pass_reaches_the_engine_thread() {
+        let caught = std::thread::spawn(|| {
+            std::panic::catch_unwind(|| on_pool_if(true, || panic!("injected")))
+        })
+        .join()
+        .unwrap();
+        assert!(caught.is_err());
     }
 }
