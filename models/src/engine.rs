@@ -158,29 +158,19 @@ struct Driven {
     kind: Arc<ModelKind>,
     dtype_bytes: u64,
     memory: Option<Arc<dyn DeviceMemory>>,
-    /// The model runs on the CPU: its passes run on a rayon worker (see [`Driven::pass`]).
-    on_cpu: bool,
+    /// The model's device, whose context each pass runs in (see [`Driven::pass`]).
+    device: Device,
 }
 
 impl Driven {
-    /// One forward pass. On the CPU the whole pass is handed to rayon's pool once, instead
-    /// of each of its ~30 parallel ops (matmuls, attention) being handed over from this
-    /// thread and waited for: that hand-off woke a worker and put this thread to sleep per
-    /// op, and left three threads contending for the cores. On 2 cores it made one-row
-    /// passes ~1.5x slower (benches/RESULTS.md, "one pass on the pool"). A card's pass
-    /// stays on this thread: it waits on the device, and would idle a CPU worker.
+    /// One forward pass, in candle's device context. On the CPU that runs the whole pass on
+    /// a worker of candle's own rayon pool, instead of each of its parallel ops (every
+    /// matmul, attention and row kernel) being handed over from this thread and waited for:
+    /// that hand-off woke a worker and put this thread to sleep per op, and left three
+    /// threads contending for the cores. On 2 cores it made one-row passes 1.2-1.4x slower
+    /// (benches/RESULTS.md, "One pass on the pool"). A card's context is this thread.
     fn pass(&self, rows: &[&Row]) -> Result<Vec<Vec<f32>>, ModelError> {
-        on_pool_if(self.on_cpu, || self.model.forward(rows))
-    }
-}
-
-/// Runs `work` on one of rayon's workers when `cpu`, else on this thread; a panic in it
-/// comes back to this thread either way (the supervision tests kill engines so).
-fn on_pool_if<R: Send>(cpu: bool, work: impl FnOnce() -> R + Send) -> R {
-    if cpu {
-        rayon::scope(|_| work())
-    } else {
-        work()
+        self.device.with_context(|| self.model.forward(rows))
     }
 }
 
@@ -410,7 +400,7 @@ impl Engine {
             kind: kind.clone(),
             dtype_bytes: opts.dtype.size_in_bytes() as u64,
             memory: opts.memory.clone(),
-            on_cpu: device.is_cpu(),
+            device: device.clone(),
         };
         let counters = Arc::new(BatchCounters::default());
         let observers = Observers {
@@ -633,28 +623,24 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use super::on_pool_if;
+    use candle_core::Device;
 
+    // What `Driven::pass` relies on candle's CPU context for: if it stopped moving the
+    // work onto a rayon worker, every pass would hand its ops over one by one again.
     #[test]
-    fn a_cpu_pass_runs_on_a_rayon_worker_and_a_card_pass_does_not() {
+    fn a_cpu_pass_runs_on_a_rayon_worker() {
         // The engine thread is not a rayon worker; the pass must be, so that its parallel
         // ops start where they run instead of being handed over one by one.
-        let (cpu, card) = std::thread::spawn(|| {
-            (
-                on_pool_if(true, rayon::current_thread_index),
-                on_pool_if(false, rayon::current_thread_index),
-            )
-        })
-        .join()
-        .unwrap();
+        let cpu = std::thread::spawn(|| Device::Cpu.with_context(rayon::current_thread_index))
+            .join()
+            .unwrap();
         assert!(cpu.is_some(), "a CPU pass ran off rayon's pool");
-        assert_eq!(card, None, "a card's pass left the engine thread");
     }
 
     #[test]
     fn a_panic_in_a_pooled_pass_reaches_the_engine_thread() {
         let caught = std::thread::spawn(|| {
-            std::panic::catch_unwind(|| on_pool_if(true, || panic!("injected")))
+            std::panic::catch_unwind(|| Device::Cpu.with_context(|| panic!("injected")))
         })
         .join()
         .unwrap();
