@@ -16,7 +16,6 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = gpulane::Cli::parse();
     set_cpu_threads(cli.cpu_threads);
-    name_cpu_workers();
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -52,20 +51,6 @@ fn set_cpu_threads(flag: Option<u16>) {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-}
-
-/// Starts rayon's pool (the RAYON_NUM_THREADS just fixed) with named workers. Built
-/// lazily, the pool's threads took the name of whichever thread first touched it
-/// (`tokio-rt-worker`), so profiles and `top -H` could not tell inference from the async
-/// runtime.
-fn name_cpu_workers() {
-    let built = rayon::ThreadPoolBuilder::new()
-        .thread_name(|i| format!("gpulane-cpu-{i}"))
-        .build_global();
-    if let Err(e) = built {
-        // Only if something built the pool first; it still works, unnamed.
-        tracing::debug!(error = %e, "rayon's pool was already built");
-    }
 }
 
 /// Stops glibc's malloc from handing every large activation buffer back to the kernel.
