@@ -10,12 +10,20 @@
 #      sentence-transformers fp16 on the same card, and the ratio;
 #   d. VRAM admission against real NVML readings: `gpulane admission` before, while a second
 #      process (PyTorch) holds all but 1 GiB of the card, and after it lets go.
-# A short table goes to stdout; every number to files in the output folder.
+# Each step runs under a timeout inside one budget (GPU_CHECK_BUDGET_S, default 480 s, so
+# one device call of at most 600 s holds it with the machine's start to spare); a failed or
+# timed-out step is recorded and the check goes on. The summary table goes to stdout and
+# OUT/summary.md, the steps' outcomes to OUT/steps.tsv, and every other file to
+# OUT/gpu-check-files.tar.gz (the device tool brings back at most 8 files).
 #
 # Usage:
 #   scripts/gpu-check.sh --prepare        # here: build the carry folder .gpu-check/ (binary
 #                                         # xz-compressed, MiniLM with f16-stored weights)
 #   scripts/gpu-check.sh [OUT_DIR]        # there: run the check (default $OUT, else gpu-check-out)
+#   GPU_CHECK_DEVICE=cpu scripts/gpu-check.sh OUT_DIR
+#                                         # here: a rehearsal of every step on the CPU build,
+#                                         # with small corpora, sentence-transformers from
+#                                         # .venv-bench and a simulated card for admission
 #
 # The device tool carries at most 64 MiB, so `--prepare` packs target/cuda/release/gpulane
 # (built by scripts/cuda-build.sh) and the MiniLM model of scripts/setup.sh into
@@ -45,106 +53,192 @@ out="${1:-${OUT:-$PWD/gpu-check-out}}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 work="$(mktemp -d)"
+res="$work/res"   # every file of the check; archived into $out at the end
+mkdir -p "$res" "$work/dumps"
+rehearse=0
+case "${GPU_CHECK_DEVICE:-cuda}" in
+  cuda) ;;
+  cpu) rehearse=1 ;;
+  *) die "GPU_CHECK_DEVICE is cuda (the check) or cpu (a rehearsal of its plumbing)" ;;
+esac
+# The device tool's call runs at most 600 s, and a session has 15 minutes of device time in
+# all (the machine's start included): the steps share this budget, each capped at what is
+# left, so a slow or hung step costs its own numbers and never the report.
+budget="${GPU_CHECK_BUDGET_S:-480}"
+exec 3>&2
+say() { printf 'gpu-check: %s\n' "$*" >&3; }
 hog_pid=""
-cleanup() { [[ -n "$hog_pid" ]] && kill "$hog_pid" 2>/dev/null; rm -rf "$work"; }
-trap cleanup EXIT
+finish() {
+  local rc=$?
+  [[ -n "$hog_pid" ]] && kill "$hog_pid" 2>/dev/null
+  trap - EXIT
+  cd "$root"
+  "$py" scripts/gpu_check.py report --dir "$res" || say "the report failed (the raw files are in the archive)"
+  # The device tool brings back at most 8 files from \$OUT: the summary, the step list
+  # and one archive of everything else.
+  cp "$res/summary.md" "$out/" 2>/dev/null || true
+  cp "$res/steps.tsv" "$out/" 2>/dev/null || true
+  tar -czf "$out/gpu-check-files.tar.gz" -C "$res" . || say "could not archive $res"
+  rm -rf "$work"
+  say "summary in $out/summary.md; every file in $out/gpu-check-files.tar.gz ($(( SECONDS )) s)"
+  exit "$rc"
+}
+root=$PWD
+trap finish EXIT
+printf 'step\tstatus\trc\tseconds\n' >"$res/steps.tsv"
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$res/steps.tsv"; }
+# step NAME SECONDS COMMAND...: COMMAND under a timeout (capped by the budget left); its
+# outcome goes to steps.tsv and a failure never stops the check. Redirections written
+# after the call apply to COMMAND; `say` writes to the check's own stderr (fd 3).
+step() {
+  local name=$1 want=$2
+  shift 2
+  local left=$(( budget - SECONDS - 15 ))
+  if (( left < 5 )); then say "$name: skipped, out of time"; record "$name" skipped - 0; return 0; fi
+  local secs=$(( want < left ? want : left )) t0=$SECONDS rc=0 status=ok
+  say "$name (at most ${secs} s)"
+  timeout -k 5 "$secs" "$@" || rc=$?
+  case "$rc" in 0) ;; 124|137) status="timed out" ;; *) status=failed ;; esac
+  [[ "$status" == ok ]] || say "$name: $status (rc $rc)"
+  record "$name" "$status" "$rc" $(( SECONDS - t0 ))
+  return 0
+}
 
 # --- the machine: a card, and the libraries the binary loads ----------------------------
-command -v nvidia-smi >/dev/null || die "no nvidia-smi: this is not a GPU machine (scripts/gpu-check.sh needs one; scripts/cuda-build.sh is the check that runs anywhere)"
-nvidia-smi -L >"$out/nvidia-smi.txt" 2>&1 || die "nvidia-smi sees no GPU: $(cat "$out/nvidia-smi.txt")"
-"$py" -c 'import torch, sentence_transformers; assert torch.cuda.is_available(), "torch sees no GPU"' \
-  || die "$py needs PyTorch with CUDA and sentence-transformers"
-
-if [[ -n "${GPULANE_BIN:-}" ]]; then bin="$GPULANE_BIN"
-elif [[ -f "$pack/gpulane.xz" ]]; then
-  bin="$work/gpulane"; "$py" scripts/gpu_check.py unpack-bin --src "$pack/gpulane.xz" --dest "$bin"
-else bin=target/cuda/release/gpulane; fi
+if (( rehearse )); then
+  say "rehearsal on the CPU: the steps and the report, not a card's numbers"
+  dev=cpu
+  bin="${GPULANE_BIN:-target/release/gpulane}"
+  model="${GPULANE_MINILM_DIR:-$(scripts/model-dir.sh)}"
+  [[ -x .venv-bench/bin/python && -z "${PYTHON:-}" ]] && py=.venv-bench/bin/python
+else
+  dev=cuda:0
+  command -v nvidia-smi >/dev/null || die "no nvidia-smi: this is not a GPU machine (scripts/gpu-check.sh needs one; GPU_CHECK_DEVICE=cpu rehearses it anywhere, scripts/cuda-build.sh is the build check)"
+  nvidia-smi -L >"$res/nvidia-smi.txt" 2>&1 || die "nvidia-smi sees no GPU: $(cat "$res/nvidia-smi.txt")"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.max.sm --format=csv >>"$res/nvidia-smi.txt" 2>&1 || true
+  if [[ -n "${GPULANE_BIN:-}" ]]; then bin="$GPULANE_BIN"
+  elif [[ -f "$pack/gpulane.xz" ]]; then
+    bin="$work/gpulane"; "$py" scripts/gpu_check.py unpack-bin --src "$pack/gpulane.xz" --dest "$bin"
+  else bin=target/cuda/release/gpulane; fi
+  model="${GPULANE_MINILM_DIR:-$pack/minilm}"
+fi
 [[ -x "$bin" ]] || die "no gpulane binary ($bin): carry .gpu-check (scripts/gpu-check.sh --prepare) or set GPULANE_BIN"
-model="${GPULANE_MINILM_DIR:-$pack/minilm}"
 [[ -f "$model/config.json" ]] || die "no MiniLM model at $model: carry .gpu-check or set GPULANE_MINILM_DIR"
+step "python: torch and sentence-transformers" 60 "$py" -c "
+import torch, sentence_transformers
+assert '$dev' == 'cpu' or torch.cuda.is_available(), 'torch sees no GPU'
+print('torch', torch.__version__, 'sentence-transformers', sentence_transformers.__version__)" \
+  >"$res/python.txt" 2>&1
 
-# The CUDA 13 libraries: where the loader already knows them, plus PyTorch's own and the
-# nvidia-* wheels beside it (the machine's PyTorch is built for CUDA 13).
-libdirs=()
-for lib in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13; do
-  p=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l { print $NF; exit }')
-  [[ -n "$p" ]] && libdirs+=("$(dirname "$p")")
-done
-while IFS= read -r d; do libdirs+=("$d"); done < <("$py" - <<'EOF'
+if (( ! rehearse )); then
+  # The CUDA 13 libraries: where the loader already knows them, plus PyTorch's own and the
+  # nvidia-* wheels beside it (the machine's PyTorch is built for CUDA 13).
+  libdirs=()
+  for lib in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13; do
+    p=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l { print $NF; exit }')
+    [[ -n "$p" ]] && libdirs+=("$(dirname "$p")")
+  done
+  while IFS= read -r d; do libdirs+=("$d"); done < <("$py" - <<'PY'
 import glob, os, torch
 base = os.path.dirname(os.path.dirname(torch.__file__))
 print(os.path.join(os.path.dirname(torch.__file__), "lib"))
 for d in sorted(set(os.path.dirname(p) for p in glob.glob(os.path.join(base, "nvidia", "**", "lib*.so*"), recursive=True))):
     print(d)
-EOF
+PY
 )
-[[ -d /usr/local/nvidia/lib64 ]] && libdirs+=(/usr/local/nvidia/lib64)
-LD_LIBRARY_PATH="$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export LD_LIBRARY_PATH
-if ldd "$bin" | grep -q "not found"; then
-  ldd "$bin" | grep "not found" >&2
-  die "the libraries above are missing (searched: $LD_LIBRARY_PATH)"
+  [[ -d /usr/local/nvidia/lib64 ]] && libdirs+=(/usr/local/nvidia/lib64)
+  LD_LIBRARY_PATH="$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH
+  ldd "$bin" >"$res/ldd.txt" 2>&1 || true
+  if grep -q "not found" "$res/ldd.txt"; then
+    grep "not found" "$res/ldd.txt" >&2
+    die "the libraries above are missing (searched: $LD_LIBRARY_PATH)"
+  fi
 fi
-ldd "$bin" >"$out/ldd.txt"
 export RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=0
 
 # --- a. inventory -----------------------------------------------------------------------
-say "a. inventory"
-"$bin" --version | tee "$out/version.txt"
-"$bin" devices 2>"$out/devices.log" | tee "$out/devices.txt"
-grep -q '^gpu 0:' "$out/devices.txt" || die "gpulane sees no GPU through NVML (see $out/devices.log)"
+"$bin" --version >"$res/version.txt" 2>&1 || die "$bin does not start: $(cat "$res/version.txt")"
+say "$(cat "$res/version.txt")"
+step "a. inventory (gpulane devices)" 60 "$bin" devices >"$res/devices.txt" 2>"$res/devices.log"
+if (( ! rehearse )) && ! grep -q '^gpu 0:' "$res/devices.txt"; then
+  say "gpulane sees no GPU through NVML (see devices.log); the CUDA steps still run on ordinal 0"
+fi
 
 # --- a2. gpulane's own kernels against the CPU, every dtype -------------------------------
 # Shapes and masks a MiniLM embedding never reaches (bf16, heads of 8 to 256 dims, grouped
-# heads, windows, causal, the relative bias, the gated GELU). A failure is reported, not
-# fatal: the rest of the check still says how far the card route is from the reference.
-say "a2. gpulane's kernels vs the CPU (f32, f16, bf16)"
-if "$bin" kernel-check --device cuda:0 --json "$out/kernel-check.json" >"$out/kernel-check.txt" 2>>"$out/kernel-check.log"; then
-  say "every kernel check within bounds"
-else
-  say "kernel-check: some checks failed or could not run (see $out/kernel-check.txt and kernel-check.log)"
-fi
+# heads, windows, causal, the relative bias, the gated GELU). It exits non-zero when a
+# check is out of bounds; summary.md lists which.
+step "a2. kernels vs the CPU (kernel-check)" 120 \
+  "$bin" kernel-check --device "$dev" --json "$res/kernel-check.json" >"$res/kernel-check.txt" 2>"$res/kernel-check.log"
 
 # --- b. correctness ---------------------------------------------------------------------
-"$py" scripts/gpu_check.py corpus --n 1000 --out "$work/check.txt"
-"$py" scripts/gpu_check.py corpus --n "${GPU_CHECK_TEXTS:-10000}" --seed 7 --out "$work/speed.txt"
+check_n=1000 speed_n="${GPU_CHECK_TEXTS:-10000}" repeat=5
+(( rehearse )) && { check_n=60; speed_n="${GPU_CHECK_TEXTS:-200}"; repeat=1; }
+"$py" scripts/gpu_check.py corpus --n "$check_n" --out "$res/check.txt"
+"$py" scripts/gpu_check.py corpus --n "$speed_n" --seed 7 --out "$work/speed.txt"
 # Both attention routes: gpulane's varlen kernel (the default) and the padded candle-ops
-# path it replaced (`--gpu-attention padded`), so one run on a card is the before and after.
+# path it replaced (`--attention padded`), so one run on a card is the before and after.
 for route in varlen padded; do
-  for dt in f32 f16; do
-    say "b. correctness in $dt, $route attention"
-    "$bin" bench --model "minilm=$model" --corpus "$work/check.txt" --device cuda:0 --dtype "$dt" \
-      --attention "$route" --batch-rows 32 --repeat 1 --warmup 1 --dump "$work/gpulane-$dt-$route.jsonl" \
-      --json "$out/bench-check-$dt-$route.json" 2>>"$out/bench.log"
-    "$py" scripts/gpu_check.py compare --model "$model" --corpus "$work/check.txt" \
-      --dump "$work/gpulane-$dt-$route.jsonl" --dtype "$dt" --out "$out/correctness-$dt-$route.json"
+  for dt in f16 f32; do
+    step "b. embed $dt, $route attention" 90 "$bin" bench --model "minilm=$model" \
+      --corpus "$res/check.txt" --device "$dev" --dtype "$dt" --attention "$route" \
+      --batch-rows 32 --repeat 1 --warmup 1 --dump "$work/dumps/gpulane-$dt-$route.jsonl" \
+      --json "$res/bench-check-$dt-$route.json" 2>>"$res/bench.log"
   done
 done
-
-# --- c. throughput ----------------------------------------------------------------------
-say "c. throughput"
-devices=cuda:0
-[[ "${GPU_CHECK_CPU:-0}" == 1 ]] && devices=cuda:0,cpu
-"$bin" bench --model "minilm=$model" --corpus "$work/speed.txt" --device "$devices" --dtype f16 \
-  --attention varlen,padded --batch-rows 8,32,128 --repeat 5 --warmup 1 \
-  --json "$out/gpulane-speed.json" 2>>"$out/bench.log"
-"$py" scripts/gpu_check.py st-speed --model "$model" --corpus "$work/speed.txt" \
-  --batch-sizes 8,32,128 --dtype f16 --repeat 5 --out "$out/st-speed.json"
+# One Python process for every comparison: PyTorch's import and the model's load once.
+step "b. compare with sentence-transformers" 180 "$py" scripts/gpu_check.py compare \
+  --model "$model" --corpus "$res/check.txt" --dumps "$work/dumps" --out-dir "$res" \
+  --device "$dev" >"$res/compare.log" 2>&1
 
 # --- d. admission -----------------------------------------------------------------------
-say "d. admission against NVML"
-admission() { "$bin" admission --model "minilm=$model" --gpus 0 2>>"$out/admission.log" | tee "$out/admission-$1.txt"; }
+# Before throughput: it is short, and it is what proves the VRAM budget against NVML.
+admission() {
+  if (( rehearse )); then
+    step "d. admission, $1" 30 "$bin" admission --model "minilm=$model" --simulate-gpus 1x16GiB \
+      --simulated-memory "$work/memory.json" >"$res/admission-$1.txt" 2>>"$res/admission.log"
+  else
+    step "d. admission, $1" 30 "$bin" admission --model "minilm=$model" --gpus 0 \
+      >"$res/admission-$1.txt" 2>>"$res/admission.log"
+  fi
+}
+echo '{}' >"$work/memory.json"
 admission before
-"$py" scripts/gpu_check.py hog --leave $((1 << 30)) --ready "$work/hog.json" &
-hog_pid=$!
-for _ in $(seq 1 120); do [[ -f "$work/hog.json" ]] && break; sleep 0.5; done
-[[ -f "$work/hog.json" ]] || die "the memory-holding process did not get ready"
-cp "$work/hog.json" "$out/hog.json"
-admission during
-kill "$hog_pid"; wait "$hog_pid" 2>/dev/null || true; hog_pid=""
-sleep 2
-admission after
+if (( rehearse )); then
+  # A simulated neighbour: the card's other tenants leave 1 GiB free.
+  echo '{"0": 1073741824}' >"$work/memory.json"
+  echo '{"held_bytes": 16106127360, "simulated": true}' >"$res/hog.json"
+  admission during
+  echo '{}' >"$work/memory.json"
+  admission after
+elif (( budget - SECONDS < 60 )); then
+  say "d. admission with a neighbour: skipped, out of time"; record "d. hog" skipped - 0
+else
+  "$py" scripts/gpu_check.py hog --leave $((1 << 30)) --ready "$work/hog.json" 2>"$res/hog.log" &
+  hog_pid=$!
+  for _ in $(seq 1 120); do [[ -f "$work/hog.json" ]] && break; sleep 0.5; done
+  if [[ -f "$work/hog.json" ]]; then
+    cp "$work/hog.json" "$res/hog.json"
+    admission during
+  else
+    say "the memory-holding process did not get ready (see hog.log)"; record "d. hog" failed - 60
+  fi
+  kill "$hog_pid" 2>/dev/null; wait "$hog_pid" 2>/dev/null || true; hog_pid=""
+  sleep 2
+  admission after
+fi
 
-# --- report -----------------------------------------------------------------------------
-"$py" scripts/gpu_check.py report --dir "$out"
-say "full numbers in $out"
+# --- c. throughput ----------------------------------------------------------------------
+devices=$dev
+[[ "${GPU_CHECK_CPU:-0}" == 1 && "$dev" != cpu ]] && devices=$dev,cpu
+# One step a route, so a fault on one route leaves the other's numbers.
+for route in varlen padded; do
+  step "c. throughput, gpulane f16 $route" 120 "$bin" bench --model "minilm=$model" --corpus "$work/speed.txt" \
+    --device "$devices" --dtype f16 --attention "$route" --batch-rows 8,32,128 --repeat "$repeat" \
+    --warmup 1 --json "$res/gpulane-speed-$route.json" 2>>"$res/bench.log"
+  devices=$dev   # the CPU (GPU_CHECK_CPU=1) once: its packed kernel has no routes
+done
+step "c. throughput, sentence-transformers fp16" 200 "$py" scripts/gpu_check.py st-speed \
+  --model "$model" --corpus "$work/speed.txt" --batch-sizes 8,32,128 --dtype f16 \
+  --repeat "$repeat" --device "$dev" --out "$res/st-speed.json" >"$res/st-speed.log" 2>&1

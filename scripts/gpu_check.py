@@ -6,8 +6,8 @@ rest runs (and is tested) on a machine without them.
 Subcommands:
   corpus   --out FILE --n N                 deterministic texts, one per line
   pack     --model DIR --bin FILE --dest DIR  the carry folder for a lent GPU machine
-  compare  --model DIR --corpus FILE --dump FILE --dtype f32|f16 --out FILE
-  st-speed --model DIR --corpus FILE --batch-sizes 8,32,128 --dtype f16 --out FILE
+  compare  --model DIR --corpus FILE --dumps DIR --out-dir DIR [--device cuda|cpu]
+  st-speed --model DIR --corpus FILE --batch-sizes 8,32,128 --dtype f16 --out FILE [--device]
   hog      --leave BYTES --ready FILE        hold all but BYTES of card 0 until killed
   report   --dir DIR                         the summary table from the files above
 """
@@ -166,37 +166,69 @@ def cmd_unpack_bin(a):
 # ---------------------------------------------------------------- PyTorch parts (GPU machine)
 
 
-def load_st(model_dir, dtype):
+def load_st(model_dir, dtype, device):
     import torch
     from sentence_transformers import SentenceTransformer
 
-    m = SentenceTransformer(model_dir, device="cuda")
+    m = SentenceTransformer(model_dir, device=device)
     # Whatever dtype the loader chose from the stored weights, compute in the one asked.
     m = m.to(torch.float16 if dtype == "f16" else torch.float32)
     m.eval()
     return m
 
 
+def sync(device):
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def device_name(device):
+    import torch
+
+    return torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
+
+
 def cmd_compare(a):
+    """Every `gpulane-<dtype>-<route>.jsonl` dump in --dumps against sentence-transformers
+    in that dtype, one model load per dtype; writes correctness-<dtype>-<route>.json."""
     import torch
 
     texts = read_lines(a.corpus)
-    ours = read_vectors(a.dump)
-    m = load_st(a.model, a.dtype)
-    with torch.inference_mode():
-        ref = m.encode(texts, batch_size=32, convert_to_numpy=True).astype("float32").tolist()
-    res = agreement(ours, ref)
-    res.update(dtype=a.dtype, model=a.model, reference="sentence-transformers",
-               torch=torch.__version__, gpu=torch.cuda.get_device_name(0))
-    write_json(a.out, res)
-    print(json.dumps(res))
+    dumps = {}
+    for name in sorted(os.listdir(a.dumps)):
+        if name.startswith("gpulane-") and name.endswith(".jsonl"):
+            dt, route = name[len("gpulane-"):-len(".jsonl")].split("-", 1)
+            dumps.setdefault(dt, []).append((route, os.path.join(a.dumps, name)))
+    if not dumps:
+        raise SystemExit(f"no gpulane-<dtype>-<route>.jsonl dumps in {a.dumps}: every embed step failed")
+    failed = 0
+    for dt, cases in sorted(dumps.items()):
+        m = load_st(a.model, dt, a.device)
+        with torch.inference_mode():
+            ref = m.encode(texts, batch_size=32, convert_to_numpy=True).astype("float32").tolist()
+        del m
+        for route, path in cases:
+            try:
+                res = agreement(read_vectors(path), ref)
+            except (SystemExit, ValueError) as e:
+                print(f"{dt} {route}: {e}", file=sys.stderr)
+                failed += 1
+                continue
+            res.update(dtype=dt, attention=route, model=a.model, reference="sentence-transformers",
+                       torch=torch.__version__, gpu=device_name(a.device))
+            write_json(os.path.join(a.out_dir, f"correctness-{dt}-{route}.json"), res)
+            print(json.dumps(res), flush=True)
+    if failed:
+        raise SystemExit(f"{failed} dumps could not be compared")
 
 
 def cmd_st_speed(a):
     import torch
 
     texts = read_lines(a.corpus)
-    m = load_st(a.model, a.dtype)
+    m = load_st(a.model, a.dtype, a.device)
     tok = m.tokenizer
     enc = tok(texts, truncation=True, max_length=m.max_seq_length)
     tokens = sum(len(ids) for ids in enc["input_ids"])
@@ -205,21 +237,22 @@ def cmd_st_speed(a):
         with torch.inference_mode():
             for _ in range(a.warmup):
                 m.encode(texts, batch_size=bs, convert_to_numpy=True)
-            torch.cuda.synchronize()
+            sync(a.device)
             secs = []
             for _ in range(a.repeat):
                 t = time.perf_counter()
                 m.encode(texts, batch_size=bs, convert_to_numpy=True)
-                torch.cuda.synchronize()
+                sync(a.device)
                 secs.append(time.perf_counter() - t)
         med = sorted(secs)[len(secs) // 2] if len(secs) % 2 else sum(sorted(secs)[len(secs) // 2 - 1:len(secs) // 2 + 1]) / 2
-        results.append({"device": "cuda:0", "dtype": a.dtype, "batch_rows": bs,
+        results.append({"device": a.device, "dtype": a.dtype, "batch_rows": bs,
                         "texts": len(texts), "tokens": tokens, "seconds": secs,
                         "seconds_median": med, "texts_per_s": len(texts) / med,
                         "tokens_per_s": tokens / med})
         print(f"sentence-transformers {a.dtype} batch {bs}: {tokens / med:,.0f} tokens/s", flush=True)
-    write_json(a.out, {"model": a.model, "torch": torch.__version__,
-                       "gpu": torch.cuda.get_device_name(0), "results": results})
+        # Each batch size is written as it ends, so a step cut short keeps what it measured.
+        write_json(a.out, {"model": a.model, "torch": torch.__version__,
+                           "gpu": device_name(a.device), "results": results})
 
 
 def cmd_hog(a):
@@ -269,15 +302,22 @@ def load(path):
 
 
 def parse_admission(path):
-    """`gpulane admission` lines -> {uuid: {key: value}}."""
-    cards = {}
+    """`gpulane admission` lines -> {uuid: {key: value}}; a card's indented `model` and
+    `activity` lines add `<name>.<key>` entries to it (the host's are left out)."""
+    cards, card = {}, None
     try:
         with open(path, encoding="utf-8") as f:
             for line in f:
                 parts = line.split()
                 if len(parts) > 3 and parts[0] == "gpu":
-                    kv = dict(p.split("=", 1) for p in parts[3:] if "=" in p)
-                    cards[parts[2]] = kv
+                    card = cards[parts[2]] = dict(p.split("=", 1) for p in parts[3:] if "=" in p)
+                elif line.startswith(" ") and card is not None and len(parts) > 2:
+                    for p in parts[2:]:
+                        if "=" in p:
+                            k, v = p.split("=", 1)
+                            card[f"{parts[1]}.{k}"] = v
+                elif not line.startswith(" "):
+                    card = None
     except OSError:
         pass
     return cards
@@ -286,6 +326,28 @@ def parse_admission(path):
 def cmd_report(a):
     d = a.dir
     lines = ["# gpulane GPU check", ""]
+    for name in ("version.txt", "python.txt"):
+        try:
+            with open(os.path.join(d, name), encoding="utf-8") as f:
+                lines.append(f.read().strip())
+        except OSError:
+            pass
+    try:
+        with open(os.path.join(d, "nvidia-smi.txt"), encoding="utf-8") as f:
+            lines += ["", "```", f.read().rstrip(), "```"]
+    except OSError:
+        lines += ["", "no nvidia-smi.txt: a rehearsal on the CPU, or the check stopped before the card was read"]
+    lines += ["", "## Steps", "", "| step | status | seconds |", "|---|---|---|"]
+    try:
+        with open(os.path.join(d, "steps.tsv"), encoding="utf-8") as f:
+            for row in list(f)[1:]:
+                name, status, rc, secs = row.rstrip("\n").split("\t")
+                if status not in ("ok", "skipped"):
+                    status = f"**{status}** (rc {rc})"
+                lines.append(f"| {name} | {status} | {secs} |")
+    except (OSError, ValueError):
+        lines.append("| steps.tsv missing or malformed | | |")
+    lines.append("")
     if os.path.exists(os.path.join(d, "devices.txt")):
         with open(os.path.join(d, "devices.txt"), encoding="utf-8") as f:
             lines += ["## Inventory (gpulane devices)", "", "```", f.read().rstrip(), "```", ""]
@@ -313,29 +375,41 @@ def cmd_report(a):
     lines += ["", "## Throughput, tokens/s (median)", "",
               "| device | dtype | attention | batch rows | gpulane | sentence-transformers fp16 | gpulane / ST |",
               "|---|---|---|---|---|---|---|"]
-    ours = load(os.path.join(d, "gpulane-speed.json")) or {"results": []}
+    ours = {"results": []}
+    for name in sorted(os.listdir(d)):
+        if name.startswith("gpulane-speed") and name.endswith(".json"):
+            ours["results"] += (load(os.path.join(d, name)) or {"results": []})["results"]
     st = load(os.path.join(d, "st-speed.json")) or {"results": []}
-    st_by_rows = {r["batch_rows"]: r for r in st["results"]}
+    # sentence-transformers ran on one device: compare it with gpulane's rows on the same kind.
+    st_by = {(r["device"].split(":")[0], r["batch_rows"]): r for r in st["results"]}
     for r in ours["results"]:
-        s = st_by_rows.get(r["batch_rows"]) if r["device"].startswith("cuda") else None
+        s = st_by.get((r["device"].split(":")[0], r["batch_rows"]))
         ratio = f"{r['tokens_per_s'] / s['tokens_per_s']:.2f}" if s else "-"
         st_tps = f"{s['tokens_per_s']:,.0f}" if s else "-"
         lines.append(f"| {r['device']} | {r['dtype']} | {r.get('attention', '-')} | {r['batch_rows']} | {r['tokens_per_s']:,.0f} | {st_tps} | {ratio} |")
     lines += ["", "## VRAM admission against NVML (MiniLM embed)", "",
-              "| moment | free GiB | embed cost MiB | admits |", "|---|---|---|---|"]
+              "| moment | free GiB | others GiB | weights MiB | working set MiB | a waiting embed KiB | headroom MiB | admits |",
+              "|---|---|---|---|---|---|---|---|"]
     flips = []
+
+    def gib(kv, key, unit=2**30, fmt="{:.1f}"):
+        try:
+            return fmt.format(int(kv[key]) / unit)
+        except (KeyError, ValueError):
+            return kv.get(key, "?")
+
     for moment in ("before", "during", "after"):
         for uuid, kv in parse_admission(os.path.join(d, f"admission-{moment}.txt")).items():
-            try:
-                free = f"{int(kv['free_bytes']) / 2**30:.1f}"
-            except (KeyError, ValueError):
-                free = kv.get("free_bytes", "?")
-            cost = int(kv.get("embed_cost_bytes", "0")) / 2**20
-            lines.append(f"| {moment} ({uuid[:12]}) | {free} | {cost:.0f} | {kv.get('admit_embed')} |")
+            mib = dict(unit=2**20, fmt="{:.0f}")
+            lines.append(f"| {moment} ({uuid[:12]}) | {gib(kv, 'free_bytes')} | {gib(kv, 'others_bytes')} "
+                         f"| {gib(kv, 'weights_bytes', **mib)} | {gib(kv, 'minilm.working_set_bytes', **mib)} "
+                         f"| {gib(kv, 'embed.waiting_rows_bytes', unit=2**10, fmt='{:.0f}')} "
+                         f"| {gib(kv, 'headroom_bytes', **mib)} | {kv.get('admit_embed')} |")
             flips.append(kv.get("admit_embed"))
     hog = load(os.path.join(d, "hog.json"))
     if hog:
-        lines.append(f"\nA second process (PyTorch) held {hog['held_bytes'] / 2**30:.1f} GiB during `during`.")
+        who = "A simulated neighbour (the memory file)" if hog.get("simulated") else "A second process (PyTorch)"
+        lines.append(f"\n{who} held {hog['held_bytes'] / 2**30:.1f} GiB during `during`.")
     if len(flips) == 3:
         ok = flips[0] not in ("0", None) and flips[1] == "0" and flips[2] not in ("0", None)
         lines.append("admission flips with the other tenant: " + ("yes" if ok else "NO"))
@@ -362,9 +436,9 @@ def main():
     m = sub.add_parser("compare")
     m.add_argument("--model", required=True)
     m.add_argument("--corpus", required=True)
-    m.add_argument("--dump", required=True)
-    m.add_argument("--dtype", choices=["f32", "f16"], required=True)
-    m.add_argument("--out", required=True)
+    m.add_argument("--dumps", required=True)
+    m.add_argument("--out-dir", required=True)
+    m.add_argument("--device", default="cuda")
     s = sub.add_parser("st-speed")
     s.add_argument("--model", required=True)
     s.add_argument("--corpus", required=True)
@@ -372,6 +446,7 @@ def main():
     s.add_argument("--dtype", choices=["f32", "f16"], default="f16")
     s.add_argument("--repeat", type=int, default=5)
     s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--device", default="cuda")
     s.add_argument("--out", required=True)
     h = sub.add_parser("hog")
     h.add_argument("--leave", type=int, default=1 << 30)
