@@ -43,8 +43,18 @@ if [[ "${1:-}" == "--prepare" ]]; then
   [[ -x "$bin" ]] || die "no $bin: run scripts/cuda-build.sh first"
   model="${GPULANE_MINILM_DIR:-$(scripts/model-dir.sh)}"
   grep -qxF "/$pack/" .git/info/exclude 2>/dev/null || echo "/$pack/" >> .git/info/exclude
-  [[ -x .venv/bin/python ]] && py=.venv/bin/python
+  # A binary older than the sources would spend the card's time on code that is gone.
+  built=$(grep -aoE 'commit [0-9a-f]{12}, [a-z,]*cuda' "$bin" | head -n1 | awk '{ print $2 }' | tr -d ,)
+  [[ -n "$built" ]] || die "$bin carries no commit stamp: rebuild with scripts/cuda-build.sh"
+  if ! git diff --quiet "$built" HEAD -- ':(glob)**/*.rs' ':(glob)**/*.cu' ':(glob)**/Cargo.toml' Cargo.lock ':(glob)**/build.rs' ':(glob)proto/**' 2>/dev/null; then
+    die "$bin was built at $built and the Rust, CUDA or proto sources changed since: run scripts/cuda-build.sh again"
+  fi
+  git diff --quiet HEAD -- ':(glob)**/*.rs' ':(glob)**/*.cu' || say "warning: uncommitted source changes; the binary may not hold them"
+  # The pack tokenizes the corpora (the `tokenizers` package, in .venv-bench).
+  [[ -z "${PYTHON:-}" && -x .venv-bench/bin/python ]] && py=.venv-bench/bin/python
+  "$py" -c 'import tokenizers' 2>/dev/null || die "$py lacks the tokenizers package: python3 -m venv .venv-bench && .venv-bench/bin/pip install -r benches/requirements.txt, or set PYTHON"
   "$py" scripts/gpu_check.py pack --model "$model" --bin "$bin" --dest "$pack"
+  say "packed the binary of commit $built"
   say "carry '$pack' and run: scripts/gpu-check.sh \"\$OUT\""
   exit 0
 fi
@@ -68,19 +78,32 @@ budget="${GPU_CHECK_BUDGET_S:-480}"
 exec 3>&2
 say() { printf 'gpu-check: %s\n' "$*" >&3; }
 hog_pid=""
+# The device tool brings back at most 8 files from $OUT: the summary, the step list and one
+# archive of everything else. Written after every step, so a run cut short (the call's
+# limit, a kill) still brings back what it measured.
+snapshot() {
+  (cd "$root" && "$py" scripts/gpu_check.py report --dir "$res" >/dev/null 2>>"$res/report.log") \
+    || cp "$res/steps.tsv" "$res/summary.md" 2>/dev/null || true
+  cp "$res/summary.md" "$res/steps.tsv" "$out/" 2>/dev/null || true
+  tar -czf "$out/gpu-check-files.tar.gz.tmp" -C "$res" . 2>/dev/null \
+    && mv "$out/gpu-check-files.tar.gz.tmp" "$out/gpu-check-files.tar.gz" || true
+}
+stop_hog() {
+  [[ -n "$hog_pid" ]] || return 0
+  kill "$hog_pid" 2>/dev/null || true
+  for _ in $(seq 1 20); do kill -0 "$hog_pid" 2>/dev/null || break; sleep 0.5; done
+  kill -9 "$hog_pid" 2>/dev/null || true
+  wait "$hog_pid" 2>/dev/null || true
+  hog_pid=""
+}
 finish() {
   local rc=$?
-  [[ -n "$hog_pid" ]] && kill "$hog_pid" 2>/dev/null
   trap - EXIT
-  cd "$root"
-  "$py" scripts/gpu_check.py report --dir "$res" || say "the report failed (the raw files are in the archive)"
-  # The device tool brings back at most 8 files from \$OUT: the summary, the step list
-  # and one archive of everything else.
-  cp "$res/summary.md" "$out/" 2>/dev/null || true
-  cp "$res/steps.tsv" "$out/" 2>/dev/null || true
-  tar -czf "$out/gpu-check-files.tar.gz" -C "$res" . || say "could not archive $res"
+  stop_hog
+  snapshot
+  cat "$out/summary.md" 2>/dev/null || say "no summary could be written (see report.log in the archive)"
   rm -rf "$work"
-  say "summary in $out/summary.md; every file in $out/gpu-check-files.tar.gz ($(( SECONDS )) s)"
+  say "summary in $out/summary.md; every file in $out/gpu-check-files.tar.gz ($SECONDS s)"
   exit "$rc"
 }
 root=$PWD
@@ -101,6 +124,7 @@ step() {
   case "$rc" in 0) ;; 124|137) status="timed out" ;; *) status=failed ;; esac
   [[ "$status" == ok ]] || say "$name: $status (rc $rc)"
   record "$name" "$status" "$rc" $(( SECONDS - t0 ))
+  snapshot
   return 0
 }
 
@@ -109,7 +133,6 @@ if (( rehearse )); then
   say "rehearsal on the CPU: the steps and the report, not a card's numbers"
   dev=cpu
   bin="${GPULANE_BIN:-target/release/gpulane}"
-  model="${GPULANE_MINILM_DIR:-$(scripts/model-dir.sh)}"
   [[ -x .venv-bench/bin/python && -z "${PYTHON:-}" ]] && py=.venv-bench/bin/python
 else
   dev=cuda:0
@@ -120,8 +143,13 @@ else
   elif [[ -f "$pack/gpulane.xz" ]]; then
     bin="$work/gpulane"; "$py" scripts/gpu_check.py unpack-bin --src "$pack/gpulane.xz" --dest "$bin"
   else bin=target/cuda/release/gpulane; fi
-  model="${GPULANE_MINILM_DIR:-$pack/minilm}"
 fi
+# The packed model when there is one (a rehearsal then tries the card's own files too).
+if [[ -n "${GPULANE_MINILM_DIR:-}" ]]; then model="$GPULANE_MINILM_DIR"
+elif [[ -f "$pack/minilm/model.safetensors.xz" ]]; then
+  model="$work/minilm"; "$py" scripts/gpu_check.py unpack-model --src "$pack/minilm" --dest "$model"
+elif (( rehearse )); then model="$(scripts/model-dir.sh)"
+else model="$pack/minilm"; fi
 [[ -x "$bin" ]] || die "no gpulane binary ($bin): carry .gpu-check (scripts/gpu-check.sh --prepare) or set GPULANE_BIN"
 [[ -f "$model/config.json" ]] || die "no MiniLM model at $model: carry .gpu-check or set GPULANE_MINILM_DIR"
 step "python: torch and sentence-transformers" 60 "$py" -c "
@@ -134,26 +162,40 @@ if (( ! rehearse )); then
   # The CUDA 13 libraries: where the loader already knows them, plus PyTorch's own and the
   # nvidia-* wheels beside it (the machine's PyTorch is built for CUDA 13).
   libdirs=()
+  cache=$(ldconfig -p 2>/dev/null || true)
   for lib in libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13; do
-    p=$(ldconfig -p 2>/dev/null | awk -v l="$lib" '$1 == l { print $NF; exit }')
+    p=$(awk -v l="$lib" '$1 == l { print $NF; exit }' <<<"$cache")
     [[ -n "$p" ]] && libdirs+=("$(dirname "$p")")
   done
-  while IFS= read -r d; do libdirs+=("$d"); done < <("$py" - <<'PY'
-import glob, os, torch
-base = os.path.dirname(os.path.dirname(torch.__file__))
-print(os.path.join(os.path.dirname(torch.__file__), "lib"))
-for d in sorted(set(os.path.dirname(p) for p in glob.glob(os.path.join(base, "nvidia", "**", "lib*.so*"), recursive=True))):
-    print(d)
+  # Found without importing torch (seconds of the budget).
+  while IFS= read -r d; do libdirs+=("$d"); done < <("$py" - <<'PY' || true
+import glob, importlib.util, os
+spec = importlib.util.find_spec("torch")
+if spec and spec.submodule_search_locations:
+    torch_dir = list(spec.submodule_search_locations)[0]
+    base = os.path.dirname(torch_dir)
+    print(os.path.join(torch_dir, "lib"))
+    for d in sorted(set(os.path.dirname(p) for p in glob.glob(os.path.join(base, "nvidia", "**", "lib*.so*"), recursive=True))):
+        print(d)
 PY
 )
   [[ -d /usr/local/nvidia/lib64 ]] && libdirs+=(/usr/local/nvidia/lib64)
-  LD_LIBRARY_PATH="$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export LD_LIBRARY_PATH
-  ldd "$bin" >"$res/ldd.txt" 2>&1 || true
+  gl_path="$(IFS=:; echo "${libdirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  LD_LIBRARY_PATH="$gl_path" ldd "$bin" >"$res/ldd.txt" 2>&1 || true
   if grep -q "not found" "$res/ldd.txt"; then
     grep "not found" "$res/ldd.txt" >&2
-    die "the libraries above are missing (searched: $LD_LIBRARY_PATH)"
+    die "the libraries above are missing (searched: $gl_path)"
   fi
+  # The search path for gpulane alone (the Python steps keep their own), and one JIT cache
+  # for its processes: the driver compiles candle's PTX once, not in each of them.
+  mkdir -p "$work/nv-cache"
+  cat >"$work/gpulane-env" <<SH
+#!/usr/bin/env bash
+export LD_LIBRARY_PATH="$gl_path" CUDA_CACHE_PATH="$work/nv-cache" CUDA_CACHE_MAXSIZE=4294967296
+exec "$bin" "\$@"
+SH
+  chmod +x "$work/gpulane-env"
+  bin="$work/gpulane-env"
 fi
 export RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=0
 
@@ -217,28 +259,39 @@ elif (( budget - SECONDS < 60 )); then
 else
   "$py" scripts/gpu_check.py hog --leave $((1 << 30)) --ready "$work/hog.json" 2>"$res/hog.log" &
   hog_pid=$!
-  for _ in $(seq 1 120); do [[ -f "$work/hog.json" ]] && break; sleep 0.5; done
+  for _ in $(seq 1 120); do
+    [[ -f "$work/hog.json" ]] && break
+    kill -0 "$hog_pid" 2>/dev/null || break   # it died: hog.log says why
+    sleep 0.5
+  done
   if [[ -f "$work/hog.json" ]]; then
     cp "$work/hog.json" "$res/hog.json"
     admission during
   else
     say "the memory-holding process did not get ready (see hog.log)"; record "d. hog" failed - 60
   fi
-  kill "$hog_pid" 2>/dev/null; wait "$hog_pid" 2>/dev/null || true; hog_pid=""
-  sleep 2
+  stop_hog
+  # The driver frees a dead process's memory shortly after it exits: wait until NVML shows it.
+  for _ in $(seq 1 20); do
+    used=$(nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -i 0 2>/dev/null | awk -F', *' '{ print ($1 * 4 < $2) ? "low" : "high" }' || true)
+    [[ "$used" == low ]] && break
+    sleep 0.5
+  done
   admission after
 fi
 
 # --- c. throughput ----------------------------------------------------------------------
 devices=$dev
 [[ "${GPU_CHECK_CPU:-0}" == 1 && "$dev" != cpu ]] && devices=$dev,cpu
-# One step a route, so a fault on one route leaves the other's numbers.
-for route in varlen padded; do
-  step "c. throughput, gpulane f16 $route" 120 "$bin" bench --model "minilm=$model" --corpus "$work/speed.txt" \
-    --device "$devices" --dtype f16 --attention "$route" --batch-rows 8,32,128 --repeat "$repeat" \
-    --warmup 1 --json "$res/gpulane-speed-$route.json" 2>>"$res/bench.log"
-  devices=$dev   # the CPU (GPU_CHECK_CPU=1) once: its packed kernel has no routes
-done
+# One step a route, so a fault on one route leaves the other's numbers; the varlen route (the
+# default) and the reference first, the padded route (the before) last. Largest batches
+# first: the goals are at 128 and 32.
+step "c. throughput, gpulane f16 varlen" 120 "$bin" bench --model "minilm=$model" --corpus "$work/speed.txt" \
+  --device "$devices" --dtype f16 --attention varlen --batch-rows 128,32,8 --repeat "$repeat" \
+  --warmup 1 --json "$res/gpulane-speed-varlen.json" 2>>"$res/bench.log"
 step "c. throughput, sentence-transformers fp16" 200 "$py" scripts/gpu_check.py st-speed \
-  --model "$model" --corpus "$work/speed.txt" --batch-sizes 8,32,128 --dtype f16 \
+  --model "$model" --corpus "$work/speed.txt" --batch-sizes 128,32,8 --dtype f16 \
   --repeat "$repeat" --device "$dev" --out "$res/st-speed.json" >"$res/st-speed.log" 2>&1
+step "c. throughput, gpulane f16 padded" 120 "$bin" bench --model "minilm=$model" --corpus "$work/speed.txt" \
+  --device "$dev" --dtype f16 --attention padded --batch-rows 128,32,8 --repeat "$repeat" \
+  --warmup 1 --json "$res/gpulane-speed-padded.json" 2>>"$res/bench.log"

@@ -6,6 +6,7 @@ rest runs (and is tested) on a machine without them.
 Subcommands:
   corpus   --out FILE --n N                 deterministic texts, one per line
   pack     --model DIR --bin FILE --dest DIR  the carry folder for a lent GPU machine
+  unpack-bin / unpack-model --src --dest    its binary and model, decompressed
   compare  --model DIR --corpus FILE --dumps DIR --out-dir DIR [--device cuda|cpu]
   st-speed --model DIR --corpus FILE --batch-sizes 8,32,128 --dtype f16 --out FILE [--device]
   hog      --leave BYTES --ready FILE        hold all but BYTES of card 0 until killed
@@ -126,11 +127,60 @@ def f32_safetensors_to_f16(src, dst):
             f.write(c)
 
 
+# Token ids kept in the packed model's word-embedding table besides the corpora's own:
+# [PAD], [unused*], [UNK], [CLS], [SEP], [MASK] and the rest of the first thousand.
+KEEP_FIRST_IDS = 1000
+
+
+def corpus_token_ids(tokenizer_json):
+    """Every token id a make_corpus() text can produce, whatever its size or seed: the
+    texts are WORDS joined by spaces (the first capitalised) with one of four endings, and
+    WordPiece splits each word on its own, so tokenizing each word in each form covers
+    them. A large generated corpus is tokenized too, as a check on that argument."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_json)
+    tok.no_truncation()
+    tok.no_padding()
+    forms = []
+    for w in WORDS:
+        for v in (w, w.capitalize()):
+            forms += [v] + [v + end for end in (".", "!", "?")]
+    ids = set()
+    for enc in tok.encode_batch(forms) + tok.encode_batch(make_corpus(20000, seed=1)):
+        ids.update(enc.ids)
+    return ids
+
+
+def zero_unused_embedding_rows(path, keep):
+    """Zeroes the word-embedding rows (F16) whose ids are not in `keep`, in place: rows no
+    text of the check reaches, zeroed so that xz shrinks the carry under the tool's limit."""
+    with open(path, "r+b") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(hlen))
+        names = [n for n in header if n.endswith("word_embeddings.weight")]
+        if len(names) != 1:
+            raise SystemExit(f"expected one word_embeddings.weight in {path}, found {names}")
+        t = header[names[0]]
+        if t["dtype"] != "F16":
+            raise SystemExit(f"{names[0]} is {t['dtype']}, expected F16 after the conversion")
+        rows, dim = t["shape"]
+        row_bytes = dim * 2
+        base = 8 + hlen + t["data_offsets"][0]
+        zero = bytes(row_bytes)
+        for i in range(rows):
+            if i not in keep:
+                f.seek(base + i * row_bytes)
+                f.write(zero)
+    return rows
+
+
 def cmd_pack(a):
-    """The binary (xz) and the model with f16-stored weights: the device tool carries at
-    most 64 MiB, and MiniLM's f32 weights alone are 87 MiB. Both gpulane and
-    sentence-transformers then load the same f16-stored weights (upcast exactly for the
-    f32 comparison), so the check compares the computations, not the copies."""
+    """The binary (xz) and the model (xz) with f16-stored weights, the word-embedding rows
+    no text of the check uses zeroed: the device tool carries at most 64 MiB together with
+    the repository's tracked files, and MiniLM's f32 weights alone are 87 MiB. Both gpulane
+    and sentence-transformers then load the same weights (upcast exactly for the f32
+    comparison), so the check compares the computations, not the copies."""
     dest = a.dest
     os.makedirs(dest, exist_ok=True)
     mdest = os.path.join(dest, "minilm")
@@ -139,13 +189,20 @@ def cmd_pack(a):
     shutil.copytree(a.model, mdest, ignore=shutil.ignore_patterns(
         "model.safetensors", "*.bin", "*.onnx", "onnx", "openvino", "*.h5", "*.ot", "README.md",
         ".gitattributes", "data_config.json", "train_script.py"))
-    f32_safetensors_to_f16(os.path.join(a.model, "model.safetensors"),
-                           os.path.join(mdest, "model.safetensors"))
+    weights = os.path.join(mdest, "model.safetensors")
+    f32_safetensors_to_f16(os.path.join(a.model, "model.safetensors"), weights)
+    keep = corpus_token_ids(os.path.join(a.model, "tokenizer.json")) | set(range(KEEP_FIRST_IDS))
+    rows = zero_unused_embedding_rows(weights, keep)
+    write_json(os.path.join(mdest, "kept_token_ids.json"), sorted(keep))
+    with open(weights, "rb") as f, lzma.open(weights + ".xz", "wb", preset=6) as g:
+        shutil.copyfileobj(f, g, 1 << 20)
+    os.remove(weights)
+    print(f"model: {len(keep)} of {rows} word-embedding rows kept, the rest zeroed")
     # The release profile keeps line tables (debug = 1): hundreds of MB that the check
     # does not need. Strip them from a copy, then compress.
     stripped = os.path.join(dest, "gpulane.stripped")
     if shutil.which("strip"):
-        subprocess.run(["strip", "--strip-debug", "-o", stripped, a.bin], check=True)
+        subprocess.run(["strip", "--strip-all", "-o", stripped, a.bin], check=True)
     else:
         shutil.copyfile(a.bin, stripped)
     with open(stripped, "rb") as f, lzma.open(os.path.join(dest, "gpulane.xz"), "wb", preset=6) as g:
@@ -154,13 +211,29 @@ def cmd_pack(a):
     total = 0
     for root, _, files in os.walk(dest):
         total += sum(os.path.getsize(os.path.join(root, x)) for x in files)
-    print(f"packed {dest}: {total / 2**20:.1f} MiB (the device tool carries at most 64 MiB in all)")
+    tracked = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout
+    tracked = sum(os.path.getsize(p) for p in tracked.decode().split("\0") if p and os.path.isfile(p))
+    together = (total + tracked) / 2**20
+    print(f"packed {dest}: {total / 2**20:.1f} MiB; with the tracked files {together:.1f} MiB "
+          "(the device tool carries at most 64 MiB in all)")
+    if together > 63:
+        raise SystemExit(f"the carry and the tracked files come to {together:.1f} MiB, over the device tool's 64 MiB")
 
 
 def cmd_unpack_bin(a):
     with lzma.open(a.src, "rb") as f, open(a.dest, "wb") as g:
         shutil.copyfileobj(f, g, 1 << 20)
     os.chmod(a.dest, 0o755)
+
+
+def cmd_unpack_model(a):
+    """The packed model into `dest`: its files, and model.safetensors from its .xz."""
+    if os.path.exists(a.dest):
+        shutil.rmtree(a.dest)
+    shutil.copytree(a.src, a.dest, ignore=shutil.ignore_patterns("*.xz"))
+    with lzma.open(os.path.join(a.src, "model.safetensors.xz"), "rb") as f, \
+            open(os.path.join(a.dest, "model.safetensors"), "wb") as g:
+        shutil.copyfileobj(f, g, 1 << 20)
 
 
 # ---------------------------------------------------------------- PyTorch parts (GPU machine)
@@ -190,6 +263,19 @@ def device_name(device):
     return torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu"
 
 
+def check_kept_ids(model_dir, input_ids):
+    """A packed model zeroes the word-embedding rows the check's corpora never use; a text
+    that reaches one would be embedded from a zeroed row, so refuse it."""
+    path = os.path.join(model_dir, "kept_token_ids.json")
+    if not os.path.exists(path):
+        return
+    kept = set(load(path) or [])
+    missing = {i for ids in input_ids for i in ids} - kept
+    if missing:
+        raise SystemExit(f"the corpus uses {len(missing)} token ids whose rows the pack zeroed "
+                         f"(e.g. {sorted(missing)[:5]}): repack with scripts/gpu-check.sh --prepare")
+
+
 def cmd_compare(a):
     """Every `gpulane-<dtype>-<route>.jsonl` dump in --dumps against sentence-transformers
     in that dtype, one model load per dtype; writes correctness-<dtype>-<route>.json."""
@@ -206,6 +292,7 @@ def cmd_compare(a):
     failed = 0
     for dt, cases in sorted(dumps.items()):
         m = load_st(a.model, dt, a.device)
+        check_kept_ids(a.model, m.tokenizer(texts)["input_ids"])
         with torch.inference_mode():
             ref = m.encode(texts, batch_size=32, convert_to_numpy=True).astype("float32").tolist()
         del m
@@ -232,6 +319,7 @@ def cmd_st_speed(a):
     tok = m.tokenizer
     enc = tok(texts, truncation=True, max_length=m.max_seq_length)
     tokens = sum(len(ids) for ids in enc["input_ids"])
+    check_kept_ids(a.model, enc["input_ids"])
     results = []
     for bs in [int(x) for x in a.batch_sizes.split(",")]:
         with torch.inference_mode():
@@ -274,8 +362,10 @@ def cmd_hog(a):
             step //= 2
     torch.cuda.synchronize()
     free_after, _ = torch.cuda.mem_get_info(0)
-    write_json(a.ready, {"held_bytes": got, "free_before": free, "free_after": free_after,
-                         "total": total})
+    # Written whole, then renamed: the script polls for the file and copies it.
+    write_json(a.ready + ".tmp", {"held_bytes": got, "free_before": free,
+                                  "free_after": free_after, "total": total})
+    os.replace(a.ready + ".tmp", a.ready)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while True:
@@ -306,7 +396,7 @@ def parse_admission(path):
     `activity` lines add `<name>.<key>` entries to it (the host's are left out)."""
     cards, card = {}, None
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 parts = line.split()
                 if len(parts) > 3 and parts[0] == "gpu":
@@ -328,12 +418,12 @@ def cmd_report(a):
     lines = ["# gpulane GPU check", ""]
     for name in ("version.txt", "python.txt"):
         try:
-            with open(os.path.join(d, name), encoding="utf-8") as f:
+            with open(os.path.join(d, name), encoding="utf-8", errors="replace") as f:
                 lines.append(f.read().strip())
         except OSError:
             pass
     try:
-        with open(os.path.join(d, "nvidia-smi.txt"), encoding="utf-8") as f:
+        with open(os.path.join(d, "nvidia-smi.txt"), encoding="utf-8", errors="replace") as f:
             lines += ["", "```", f.read().rstrip(), "```"]
     except OSError:
         lines += ["", "no nvidia-smi.txt: a rehearsal on the CPU, or the check stopped before the card was read"]
@@ -349,7 +439,7 @@ def cmd_report(a):
         lines.append("| steps.tsv missing or malformed | | |")
     lines.append("")
     if os.path.exists(os.path.join(d, "devices.txt")):
-        with open(os.path.join(d, "devices.txt"), encoding="utf-8") as f:
+        with open(os.path.join(d, "devices.txt"), encoding="utf-8", errors="replace") as f:
             lines += ["## Inventory (gpulane devices)", "", "```", f.read().rstrip(), "```", ""]
     kc = load(os.path.join(d, "kernel-check.json"))
     if kc:
@@ -433,6 +523,9 @@ def main():
     u = sub.add_parser("unpack-bin")
     u.add_argument("--src", required=True)
     u.add_argument("--dest", required=True)
+    um = sub.add_parser("unpack-model")
+    um.add_argument("--src", required=True)
+    um.add_argument("--dest", required=True)
     m = sub.add_parser("compare")
     m.add_argument("--model", required=True)
     m.add_argument("--corpus", required=True)
@@ -459,7 +552,7 @@ def main():
             for t in make_corpus(a.n, a.seed):
                 f.write(t + "\n")
     else:
-        {"pack": cmd_pack, "unpack-bin": cmd_unpack_bin, "compare": cmd_compare,
+        {"pack": cmd_pack, "unpack-bin": cmd_unpack_bin, "unpack-model": cmd_unpack_model, "compare": cmd_compare,
          "st-speed": cmd_st_speed, "hog": cmd_hog, "report": cmd_report}[a.cmd](a)
 
 

@@ -56,3 +56,45 @@ def test_report_reads_admission_and_steps(tmp_path):
     assert "| c. throughput, gpulane f16 varlen | **timed out** (rc 124) | 120 |" in summary, summary
     # What did not run is said, not left out.
     assert "| f16 | varlen | missing |" in summary, summary
+
+
+def test_pack_zeroes_only_the_unused_embedding_rows(tmp_path):
+    """The carry's model keeps every kept row bit for bit (as f16) and zeroes the rest."""
+    import struct
+
+    src = ROOT / "tests" / "fixtures" / "tiny-bert-cls" / "model.safetensors"
+    f16 = tmp_path / "model.safetensors"
+    gpu_check.f32_safetensors_to_f16(str(src), str(f16))
+    before = f16.read_bytes()
+    keep = {3, 101, 102}  # (row 0, [PAD], is zero in the checkpoint already)
+    rows = gpu_check.zero_unused_embedding_rows(str(f16), keep)
+    after = f16.read_bytes()
+
+    (hlen,) = struct.unpack("<Q", after[:8])
+    header = json.loads(after[8:8 + hlen])
+    name = next(n for n in header if n.endswith("word_embeddings.weight"))
+    t = header[name]
+    assert t["dtype"] == "F16" and t["shape"][0] == rows
+    row_bytes = t["shape"][1] * 2
+    base = 8 + hlen + t["data_offsets"][0]
+    for i in (3, 5, 101, 102, rows - 1):
+        row = slice(base + i * row_bytes, base + (i + 1) * row_bytes)
+        if i in keep:
+            assert after[row] == before[row] and any(before[row]), i
+        else:
+            assert after[row] == bytes(row_bytes) and any(before[row]), i
+    # Nothing outside the table moved.
+    assert after[:base] == before[:base]
+    end = base + rows * row_bytes
+    assert after[end:] == before[end:]
+
+
+def test_a_corpus_reaching_a_zeroed_row_is_refused(tmp_path):
+    (tmp_path / "kept_token_ids.json").write_text(json.dumps([0, 1, 2, 101, 102]))
+    gpu_check.check_kept_ids(str(tmp_path), [[101, 1, 102], [101, 2, 0]])
+    try:
+        gpu_check.check_kept_ids(str(tmp_path), [[101, 7, 102]])
+    except SystemExit as e:
+        assert "token ids whose rows the pack zeroed" in str(e), e
+    else:
+        raise AssertionError("a zeroed row's id was not refused")
