@@ -32,6 +32,7 @@
 # GPU_CHECK_TEXTS (default 10000) sizes the throughput corpus; GPU_CHECK_CPU=1 measures the
 # CPU too.
 set -euo pipefail
+caller_dir=$PWD   # a relative OUT_DIR is the caller's, not the repository's
 cd "$(dirname "$0")/.."
 pack=.gpu-check
 py="${PYTHON:-python3}"
@@ -46,10 +47,12 @@ if [[ "${1:-}" == "--prepare" ]]; then
   # A binary older than the sources would spend the card's time on code that is gone.
   built=$(grep -aoE 'commit [0-9a-f]{12}, [a-z,]*cuda' "$bin" | head -n1 | awk '{ print $2 }' | tr -d ,)
   [[ -n "$built" ]] || die "$bin carries no commit stamp: rebuild with scripts/cuda-build.sh"
-  if ! git diff --quiet "$built" HEAD -- ':(glob)**/*.rs' ':(glob)**/*.cu' ':(glob)**/Cargo.toml' Cargo.lock ':(glob)**/build.rs' ':(glob)proto/**' 2>/dev/null; then
+  sources=(':(glob)**/*.rs' ':(glob)**/*.cu' ':(glob)**/Cargo.toml' Cargo.lock ':(glob)**/build.rs' ':(glob)proto/**')
+  git cat-file -e "$built^{commit}" 2>/dev/null || die "$bin was built at $built, a commit this checkout does not have: run scripts/cuda-build.sh"
+  if ! git diff --quiet "$built" HEAD -- "${sources[@]}"; then
     die "$bin was built at $built and the Rust, CUDA or proto sources changed since: run scripts/cuda-build.sh again"
   fi
-  git diff --quiet HEAD -- ':(glob)**/*.rs' ':(glob)**/*.cu' || say "warning: uncommitted source changes; the binary may not hold them"
+  git diff --quiet HEAD -- "${sources[@]}" || say "warning: uncommitted source changes; the binary may not hold them"
   # The pack tokenizes the corpora (the `tokenizers` package, in .venv-bench).
   [[ -z "${PYTHON:-}" && -x .venv-bench/bin/python ]] && py=.venv-bench/bin/python
   "$py" -c 'import tokenizers' 2>/dev/null || die "$py lacks the tokenizers package: python3 -m venv .venv-bench && .venv-bench/bin/pip install -r benches/requirements.txt, or set PYTHON"
@@ -59,18 +62,19 @@ if [[ "${1:-}" == "--prepare" ]]; then
   exit 0
 fi
 
-out="${1:-${OUT:-$PWD/gpu-check-out}}"
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-work="$(mktemp -d)"
-res="$work/res"   # every file of the check; archived into $out at the end
-mkdir -p "$res" "$work/dumps"
 rehearse=0
 case "${GPU_CHECK_DEVICE:-cuda}" in
   cuda) ;;
   cpu) rehearse=1 ;;
   *) die "GPU_CHECK_DEVICE is cuda (the check) or cpu (a rehearsal of its plumbing)" ;;
 esac
+out="${1:-${OUT:-$caller_dir/gpu-check-out}}"
+[[ "$out" == /* ]] || out="$caller_dir/$out"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+work="$(mktemp -d)"
+res="$work/res"   # every file of the check; archived into $out at the end
+mkdir -p "$res" "$work/dumps"
 # The device tool's call runs at most 600 s, and a session has 15 minutes of device time in
 # all (the machine's start included): the steps share this budget, each capped at what is
 # left, so a slow or hung step costs its own numbers and never the report.
@@ -78,6 +82,7 @@ budget="${GPU_CHECK_BUDGET_S:-480}"
 exec 3>&2
 say() { printf 'gpu-check: %s\n' "$*" >&3; }
 hog_pid=""
+step_pid=""
 # The device tool brings back at most 8 files from $OUT: the summary, the step list and one
 # archive of everything else. Written after every step, so a run cut short (the call's
 # limit, a kill) still brings back what it measured.
@@ -99,6 +104,8 @@ stop_hog() {
 finish() {
   local rc=$?
   trap - EXIT
+  # A step still running (the check was signalled): its process group, then the hog.
+  [[ -n "$step_pid" ]] && { kill -- -"$step_pid" 2>/dev/null || kill "$step_pid" 2>/dev/null || true; }
   stop_hog
   snapshot
   cat "$out/summary.md" 2>/dev/null || say "no summary could be written (see report.log in the archive)"
@@ -108,6 +115,7 @@ finish() {
 }
 root=$PWD
 trap finish EXIT
+trap 'exit 143' TERM INT
 printf 'step\tstatus\trc\tseconds\n' >"$res/steps.tsv"
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$res/steps.tsv"; }
 # step NAME SECONDS COMMAND...: COMMAND under a timeout (capped by the budget left); its
@@ -120,8 +128,14 @@ step() {
   if (( left < 5 )); then say "$name: skipped, out of time"; record "$name" skipped - 0; return 0; fi
   local secs=$(( want < left ? want : left )) t0=$SECONDS rc=0 status=ok
   say "$name (at most ${secs} s)"
-  timeout -k 5 "$secs" "$@" || rc=$?
-  case "$rc" in 0) ;; 124|137) status="timed out" ;; *) status=failed ;; esac
+  # In the background and waited for, so a signal to the check reaches `finish`, which
+  # stops it (timeout leads its own process group).
+  timeout -k 5 "$secs" "$@" &
+  step_pid=$!
+  wait "$step_pid" || rc=$?
+  step_pid=""
+  if (( rc == 124 || (rc == 137 && SECONDS - t0 >= secs) )); then status="timed out"
+  elif (( rc != 0 )); then status=failed; fi
   [[ "$status" == ok ]] || say "$name: $status (rc $rc)"
   record "$name" "$status" "$rc" $(( SECONDS - t0 ))
   snapshot
@@ -259,6 +273,7 @@ elif (( budget - SECONDS < 60 )); then
 else
   "$py" scripts/gpu_check.py hog --leave $((1 << 30)) --ready "$work/hog.json" 2>"$res/hog.log" &
   hog_pid=$!
+  t0=$SECONDS
   for _ in $(seq 1 120); do
     [[ -f "$work/hog.json" ]] && break
     kill -0 "$hog_pid" 2>/dev/null || break   # it died: hog.log says why
@@ -268,7 +283,7 @@ else
     cp "$work/hog.json" "$res/hog.json"
     admission during
   else
-    say "the memory-holding process did not get ready (see hog.log)"; record "d. hog" failed - 60
+    say "the memory-holding process did not get ready (see hog.log)"; record "d. hog" failed - $(( SECONDS - t0 ))
   fi
   stop_hog
   # The driver frees a dead process's memory shortly after it exits: wait until NVML shows it.
@@ -284,14 +299,19 @@ fi
 devices=$dev
 [[ "${GPU_CHECK_CPU:-0}" == 1 && "$dev" != cpu ]] && devices=$dev,cpu
 # One step a route, so a fault on one route leaves the other's numbers; the varlen route (the
-# default) and the reference first, the padded route (the before) last. Largest batches
-# first: the goals are at 128 and 32.
-step "c. throughput, gpulane f16 varlen" 120 "$bin" bench --model "minilm=$model" --corpus "$work/speed.txt" \
-  --device "$devices" --dtype f16 --attention varlen --batch-rows 128,32,8 --repeat "$repeat" \
-  --warmup 1 --json "$res/gpulane-speed-varlen.json" 2>>"$res/bench.log"
+# default) and the reference first, the padded route (the before) last; one step a batch
+# size too, largest first (the goals are at 128 and 32), since bench writes its JSON at
+# its end.
+for rows in 128 32 8; do
+  step "c. throughput, gpulane f16 varlen, batch $rows" 60 "$bin" bench --model "minilm=$model" \
+    --corpus "$work/speed.txt" --device "$devices" --dtype f16 --attention varlen --batch-rows "$rows" \
+    --repeat "$repeat" --warmup 1 --json "$res/gpulane-speed-varlen-$rows.json" 2>>"$res/bench.log"
+done
 step "c. throughput, sentence-transformers fp16" 200 "$py" scripts/gpu_check.py st-speed \
   --model "$model" --corpus "$work/speed.txt" --batch-sizes 128,32,8 --dtype f16 \
   --repeat "$repeat" --device "$dev" --out "$res/st-speed.json" >"$res/st-speed.log" 2>&1
-step "c. throughput, gpulane f16 padded" 120 "$bin" bench --model "minilm=$model" --corpus "$work/speed.txt" \
-  --device "$dev" --dtype f16 --attention padded --batch-rows 128,32,8 --repeat "$repeat" \
-  --warmup 1 --json "$res/gpulane-speed-padded.json" 2>>"$res/bench.log"
+for rows in 128 32 8; do
+  step "c. throughput, gpulane f16 padded, batch $rows" 60 "$bin" bench --model "minilm=$model" \
+    --corpus "$work/speed.txt" --device "$dev" --dtype f16 --attention padded --batch-rows "$rows" \
+    --repeat "$repeat" --warmup 1 --json "$res/gpulane-speed-padded-$rows.json" 2>>"$res/bench.log"
+done

@@ -15,7 +15,6 @@ Subcommands:
 
 import argparse
 import json
-import lzma
 import math
 import os
 import random
@@ -64,8 +63,9 @@ def read_lines(path):
 
 
 def read_vectors(path):
+    """JSON lines of floats; serde_json writes a NaN or an infinity as null: read it as NaN."""
     with open(path, encoding="utf-8") as f:
-        return [json.loads(l) for l in f if l.strip()]
+        return [[math.nan if x is None else x for x in json.loads(l)] for l in f if l.strip()]
 
 
 def cosine(a, b):
@@ -76,15 +76,20 @@ def cosine(a, b):
 
 
 def agreement(ours, ref):
-    """Cosine and max abs difference of two lists of vectors, row by row."""
+    """Cosine and max abs difference of two lists of vectors, row by row. A row with a NaN
+    or an infinity (an f16 overflow, say) is counted, and makes the minimum NaN: Python's
+    min and max would skip it."""
     if len(ours) != len(ref):
         raise SystemExit(f"gpulane wrote {len(ours)} vectors, the reference has {len(ref)}")
+    bad = [i for i, a in enumerate(ours) if not all(math.isfinite(x) for x in a)]
     cos = [cosine(a, b) for a, b in zip(ours, ref)]
-    diff = max(abs(x - y) for a, b in zip(ours, ref) for x, y in zip(a, b))
-    worst = min(range(len(cos)), key=cos.__getitem__)
+    worst = min(range(len(cos)), key=lambda i: -math.inf if math.isnan(cos[i]) else cos[i])
+    diff = max((abs(x - y) for a, b in zip(ours, ref) for x, y in zip(a, b)),
+               key=lambda d: math.inf if math.isnan(d) else d)
     return {
         "texts": len(cos),
-        "cosine_min": min(cos),
+        "non_finite_rows": len(bad),
+        "cosine_min": cos[worst],
         "cosine_mean": sum(cos) / len(cos),
         "max_abs_diff": diff,
         "worst_index": worst,
@@ -181,6 +186,8 @@ def cmd_pack(a):
     the repository's tracked files, and MiniLM's f32 weights alone are 87 MiB. Both gpulane
     and sentence-transformers then load the same weights (upcast exactly for the f32
     comparison), so the check compares the computations, not the copies."""
+    import lzma  # here, so a Python without _lzma still reports
+
     dest = a.dest
     os.makedirs(dest, exist_ok=True)
     mdest = os.path.join(dest, "minilm")
@@ -221,6 +228,8 @@ def cmd_pack(a):
 
 
 def cmd_unpack_bin(a):
+    import lzma  # here, so a Python without _lzma still reports
+
     with lzma.open(a.src, "rb") as f, open(a.dest, "wb") as g:
         shutil.copyfileobj(f, g, 1 << 20)
     os.chmod(a.dest, 0o755)
@@ -228,6 +237,8 @@ def cmd_unpack_bin(a):
 
 def cmd_unpack_model(a):
     """The packed model into `dest`: its files, and model.safetensors from its .xz."""
+    import lzma  # here, so a Python without _lzma still reports
+
     if os.path.exists(a.dest):
         shutil.rmtree(a.dest)
     shutil.copytree(a.src, a.dest, ignore=shutil.ignore_patterns("*.xz"))
@@ -299,7 +310,7 @@ def cmd_compare(a):
         for route, path in cases:
             try:
                 res = agreement(read_vectors(path), ref)
-            except (SystemExit, ValueError) as e:
+            except (SystemExit, ValueError, TypeError) as e:
                 print(f"{dt} {route}: {e}", file=sys.stderr)
                 failed += 1
                 continue
@@ -453,15 +464,17 @@ def cmd_report(a):
     else:
         lines += ["## gpulane's kernels vs the CPU (gpulane kernel-check)", "", "missing (see kernel-check.log)", ""]
     lines += ["## embed vs sentence-transformers (same card, same weights)", "",
-              "| dtype | attention | texts | cosine min | cosine mean | max abs diff |",
-              "|---|---|---|---|---|---|"]
+              "| dtype | attention | texts | non-finite rows | cosine min | cosine mean | max abs diff |",
+              "|---|---|---|---|---|---|---|"]
     for route in ("varlen", "padded"):
         for dt in ("f32", "f16"):
             c = load(os.path.join(d, f"correctness-{dt}-{route}.json"))
             if c:
-                lines.append(f"| {dt} | {route} | {c['texts']} | {c['cosine_min']:.6f} | {c['cosine_mean']:.6f} | {c['max_abs_diff']:.2e} |")
+                nf = c.get("non_finite_rows", "?")
+                nf = f"**{nf}**" if nf not in (0, "?") else nf
+                lines.append(f"| {dt} | {route} | {c['texts']} | {nf} | {c['cosine_min']:.6f} | {c['cosine_mean']:.6f} | {c['max_abs_diff']:.2e} |")
             else:
-                lines.append(f"| {dt} | {route} | missing | | | |")
+                lines.append(f"| {dt} | {route} | missing | | | | |")
     lines += ["", "## Throughput, tokens/s (median)", "",
               "| device | dtype | attention | batch rows | gpulane | sentence-transformers fp16 | gpulane / ST |",
               "|---|---|---|---|---|---|---|"]
@@ -469,6 +482,7 @@ def cmd_report(a):
     for name in sorted(os.listdir(d)):
         if name.startswith("gpulane-speed") and name.endswith(".json"):
             ours["results"] += (load(os.path.join(d, name)) or {"results": []})["results"]
+    ours["results"].sort(key=lambda r: (r["device"], r.get("attention", ""), -r["batch_rows"]))
     st = load(os.path.join(d, "st-speed.json")) or {"results": []}
     # sentence-transformers ran on one device: compare it with gpulane's rows on the same kind.
     st_by = {(r["device"].split(":")[0], r["batch_rows"]): r for r in st["results"]}

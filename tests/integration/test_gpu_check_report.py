@@ -58,6 +58,17 @@ def test_report_reads_admission_and_steps(tmp_path):
     assert "| f16 | varlen | missing |" in summary, summary
 
 
+def test_a_nan_row_is_a_failure_not_skipped(tmp_path):
+    """serde_json writes NaN as null; one such row must show, and must be the minimum."""
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text("[1.0, 0.0]\n[null, 0.5]\n[0.0, 1.0]\n")
+    res = gpu_check.agreement(gpu_check.read_vectors(dump), [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    assert res["non_finite_rows"] == 1, res
+    assert res["worst_index"] == 1, res
+    assert res["cosine_min"] != res["cosine_min"], res  # NaN
+    assert res["max_abs_diff"] != res["max_abs_diff"], res
+
+
 def test_pack_zeroes_only_the_unused_embedding_rows(tmp_path):
     """The carry's model keeps every kept row bit for bit (as f16) and zeroes the rest."""
     import struct
