@@ -36,7 +36,10 @@ caller_dir=$PWD   # a relative OUT_DIR is the caller's, not the repository's
 cd "$(dirname "$0")/.."
 pack=.gpu-check
 py="${PYTHON:-python3}"
-say() { printf 'gpu-check: %s\n' "$*" >&2; }
+# The check's own messages go to fd 3, a copy of its stderr, so a step's redirections
+# (which apply inside `step`) never swallow them.
+exec 3>&2
+say() { printf 'gpu-check: %s\n' "$*" >&3; }
 die() { say "$*"; exit 1; }
 
 if [[ "${1:-}" == "--prepare" ]]; then
@@ -45,8 +48,10 @@ if [[ "${1:-}" == "--prepare" ]]; then
   model="${GPULANE_MINILM_DIR:-$(scripts/model-dir.sh)}"
   grep -qxF "/$pack/" .git/info/exclude 2>/dev/null || echo "/$pack/" >> .git/info/exclude
   # A binary older than the sources would spend the card's time on code that is gone.
-  built=$(grep -aoE 'commit [0-9a-f]{12}, [a-z,]*cuda' "$bin" | head -n1 | awk '{ print $2 }' | tr -d ,)
-  [[ -n "$built" ]] || die "$bin carries no commit stamp: rebuild with scripts/cuda-build.sh"
+  stamp=$(grep -aoE 'commit [0-9a-f]{12}, [a-z,]+\)' "$bin" | head -n1 || true)
+  [[ -n "$stamp" ]] || die "$bin carries no commit stamp: rebuild with scripts/cuda-build.sh"
+  [[ "$stamp" == *cuda* ]] || die "$bin is not a cuda build (${stamp%)}): run scripts/cuda-build.sh"
+  built=$(awk '{ print $2 }' <<<"$stamp" | tr -d ,)
   sources=(':(glob)**/*.rs' ':(glob)**/*.cu' ':(glob)**/Cargo.toml' Cargo.lock ':(glob)**/build.rs' ':(glob)proto/**')
   git cat-file -e "$built^{commit}" 2>/dev/null || die "$bin was built at $built, a commit this checkout does not have: run scripts/cuda-build.sh"
   if ! git diff --quiet "$built" HEAD -- "${sources[@]}"; then
@@ -79,8 +84,6 @@ mkdir -p "$res" "$work/dumps"
 # all (the machine's start included): the steps share this budget, each capped at what is
 # left, so a slow or hung step costs its own numbers and never the report.
 budget="${GPU_CHECK_BUDGET_S:-480}"
-exec 3>&2
-say() { printf 'gpu-check: %s\n' "$*" >&3; }
 hog_pid=""
 step_pid=""
 # The device tool brings back at most 8 files from $OUT: the summary, the step list and one
