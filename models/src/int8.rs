@@ -14,27 +14,9 @@
 
 use rayon::prelude::*;
 
+use crate::dense::Epilogue;
+#[cfg(test)]
 use crate::kernels::gelu;
-
-/// What the kernel does to each output before it stores it: the layer's bias, and GELU
-/// after it (BERT's feed-forward input), so neither costs another pass over the output.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Epilogue<'a> {
-    None,
-    Bias(&'a [f32]),
-    BiasGelu(&'a [f32]),
-}
-
-impl Epilogue<'_> {
-    #[inline(always)]
-    fn apply(self, v: f32, col: usize) -> f32 {
-        match self {
-            Epilogue::None => v,
-            Epilogue::Bias(b) => v + b[col],
-            Epilogue::BiasGelu(b) => gelu(v + b[col]),
-        }
-    }
-}
 
 /// An output not written yet.
 type Out = std::mem::MaybeUninit<f32>;

@@ -12,6 +12,7 @@ mod config;
 mod cross_encoder;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod dense;
 mod embedder;
 mod encoder;
 mod engine;

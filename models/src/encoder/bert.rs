@@ -304,14 +304,13 @@ impl Bert {
         })
     }
 
-    /// Quantizes every dense layer to int8 (see `Weight::quantize_int8`).
-    pub(crate) fn quantize_int8(&mut self) -> Result<(), ModelError> {
-        for l in &mut self.layers {
-            for w in [&mut l.qkv, &mut l.attn_out, &mut l.inter, &mut l.out] {
-                w.quantize_int8()?;
-            }
-        }
-        Ok(())
+    /// Every dense layer's weight, for the steps that re-lay them all out (int8, the
+    /// CPU's packed f32).
+    pub(crate) fn dense_weights(&mut self) -> Vec<&mut Weight> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| [&mut l.qkv, &mut l.attn_out, &mut l.inter, &mut l.out])
+            .collect()
     }
 
     /// Token vectors for `rows`, packed (see the module doc).

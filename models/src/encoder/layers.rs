@@ -6,15 +6,18 @@ use candle_nn::VarBuilder;
 
 use super::act::Act;
 use crate::{
-    int8::{Epilogue, QuantLinear},
-    kernels::CardOps,
+    dense::{self, Epilogue, PackedLinear},
+    int8::QuantLinear,
+    kernels::{self, CardOps},
     ModelError,
 };
 
 /// A dense layer's weight: f32/f16/bf16 transposed to `[in, out]` at load (contiguous
-/// for `x.matmul(w)`), or, after [`Weight::quantize_int8`], int8 for the CPU.
+/// for `x.matmul(w)`); on a CPU with AVX-512, f32 packed for gpulane's kernel
+/// ([`Weight::pack_for_cpu`]); or, after [`Weight::quantize_int8`], int8 for the CPU.
 pub(crate) enum Weight {
     Float(Tensor),
+    Dense(PackedLinear),
     Int8(QuantLinear),
 }
 
@@ -31,8 +34,8 @@ impl Weight {
             .iter()
             .map(|p| match p {
                 Weight::Float(w) => Ok(w.clone()),
-                Weight::Int8(_) => Err(candle_core::Error::Msg(
-                    "int8 weights are concatenated before quantizing, not after".into(),
+                Weight::Dense(_) | Weight::Int8(_) => Err(candle_core::Error::Msg(
+                    "weights are concatenated before packing or quantizing, not after".into(),
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -42,21 +45,21 @@ impl Weight {
     /// `x · w` over the last dimension of `x`.
     pub(crate) fn matmul(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         match self {
-            Weight::Float(w) => Ok(x.matmul(w)?),
-            Weight::Int8(q) => int8_matmul(q, x, Epilogue::None),
+            Weight::Float(w) if !self.own_kernel() => Ok(x.matmul(w)?),
+            _ => self.product(x, Epilogue::None),
         }
     }
 
-    /// `x · w + bias`; in int8 the bias is added as the kernel stores each output.
+    /// `x · w + bias`; on the CPU the bias is added as the kernel stores each output.
     pub(crate) fn matmul_bias(&self, x: &Tensor, bias: &Tensor) -> Result<Tensor, ModelError> {
-        match self {
-            Weight::Float(w) => Ok(x.matmul(w)?.broadcast_add(bias)?),
-            Weight::Int8(q) => int8_matmul(q, x, Epilogue::Bias(&bias.to_vec1::<f32>()?)),
+        if self.own_kernel() {
+            return self.product(x, Epilogue::Bias(&bias.to_vec1::<f32>()?));
         }
+        Ok(self.matmul(x)?.broadcast_add(bias)?)
     }
 
-    /// `act(x · w + bias)`; in int8 with the exact GELU, both are applied as the kernel
-    /// stores each output (no second pass over the feed-forward's widest tensor).
+    /// `act(x · w + bias)`; on the CPU with the exact GELU, both are applied as the
+    /// kernel stores each output (no second pass over the feed-forward's widest tensor).
     pub(crate) fn matmul_bias_act(
         &self,
         x: &Tensor,
@@ -64,24 +67,68 @@ impl Weight {
         act: Act,
         ops: CardOps,
     ) -> Result<Tensor, ModelError> {
+        if act == Act::Gelu && self.own_kernel() {
+            return self.product(x, Epilogue::BiasGelu(&bias.to_vec1::<f32>()?));
+        }
+        Ok(act.with_bias(&self.matmul(x)?, bias, ops)?)
+    }
+
+    /// Whether gpulane's own CPU kernels run this layer (packed f32, int8); candle's
+    /// matmul serves the rest (cards, f16/bf16, CPUs without AVX-512).
+    fn own_kernel(&self) -> bool {
+        !matches!(self, Weight::Float(_))
+    }
+
+    /// `epi(x · w)` on gpulane's own kernel; only where [`Weight::own_kernel`] holds.
+    fn product(&self, x: &Tensor, epi: Epilogue) -> Result<Tensor, ModelError> {
         match self {
-            Weight::Int8(q) if act == Act::Gelu => {
-                int8_matmul(q, x, Epilogue::BiasGelu(&bias.to_vec1::<f32>()?))
-            }
-            _ => Ok(act.with_bias(&self.matmul(x)?, bias, ops)?),
+            Weight::Dense(d) => cpu_product(x, d.out_features(), |x, m| d.forward(x, m, epi)),
+            Weight::Int8(q) => cpu_product(x, q.out_features(), |x, m| q.forward(x, m, epi)),
+            Weight::Float(_) => Err(candle_core::Error::Msg(
+                "a float weight on candle's matmul reached gpulane's CPU kernel".into(),
+            )
+            .into()),
         }
     }
 
-    /// Scales each output column by `s` (`[out]`), before quantization.
-    pub(crate) fn scale_columns(&mut self, s: &Tensor) -> Result<(), ModelError> {
+    /// Packs an f32 CPU weight for gpulane's kernel where this CPU runs it (the `[in,
+    /// out]` copy is freed); anything else stays as it is. After every load-time change
+    /// to the weight (concatenation, column scales).
+    pub(crate) fn pack_for_cpu(&mut self) -> Result<(), ModelError> {
         if let Weight::Float(w) = self {
-            *w = w.broadcast_mul(s)?;
+            if w.device().is_cpu() && w.dtype() == DType::F32 && dense::runs_here() {
+                let (k, n) = w.dims2()?;
+                let v = w.flatten_all()?.to_vec1::<f32>()?;
+                *self = Weight::Dense(PackedLinear::new(&v, k, n));
+            }
         }
         Ok(())
     }
 
+    /// Scales each output column by `s` (`[out]`), before quantization.
+    pub(crate) fn scale_columns(&mut self, s: &Tensor) -> Result<(), ModelError> {
+        match self {
+            Weight::Float(w) => {
+                *w = w.broadcast_mul(s)?;
+                Ok(())
+            }
+            _ => Err(candle_core::Error::Msg(
+                "column scales are folded in before packing or quantizing, not after".into(),
+            )
+            .into()),
+        }
+    }
+
     /// Replaces an f32 CPU weight by its int8 quantization (the f32 copy is freed).
     pub(crate) fn quantize_int8(&mut self) -> Result<(), ModelError> {
+        if let Weight::Dense(d) = self {
+            *self = Weight::Int8(QuantLinear::new(
+                &d.rows(),
+                d.out_features(),
+                d.in_features(),
+            ));
+            return Ok(());
+        }
         if let Weight::Float(w) = self {
             if !w.device().is_cpu() || w.dtype() != DType::F32 {
                 return Err(candle_core::Error::Msg(format!(
@@ -100,8 +147,13 @@ impl Weight {
     }
 }
 
-/// The int8 product on the f32 CPU tensor `x` (any leading dimensions), read in place.
-fn int8_matmul(q: &QuantLinear, x: &Tensor, epi: Epilogue) -> Result<Tensor, ModelError> {
+/// A CPU kernel's product on the f32 tensor `x` (any leading dimensions), read in place:
+/// `f(rows, m)` returns the `[m, n]` outputs.
+fn cpu_product(
+    x: &Tensor,
+    n: usize,
+    f: impl FnOnce(&[f32], usize) -> Vec<f32>,
+) -> Result<Tensor, ModelError> {
     let x = x.contiguous()?;
     let mut dims = x.dims().to_vec();
     let k = dims.last().copied().unwrap_or(1);
@@ -109,16 +161,14 @@ fn int8_matmul(q: &QuantLinear, x: &Tensor, epi: Epilogue) -> Result<Tensor, Mod
     let y = {
         let (storage, layout) = x.storage_and_layout();
         let Storage::Cpu(cpu) = &*storage else {
-            return Err(candle_core::Error::Msg("int8 weights run on the CPU only".into()).into());
+            return Err(
+                candle_core::Error::Msg("a CPU kernel's input is not on the CPU".into()).into(),
+            );
         };
-        let data = cpu.as_slice::<f32>()?;
-        let (start, end) = layout
-            .contiguous_offsets()
-            .ok_or_else(|| candle_core::Error::Msg("int8 input is not contiguous".into()))?;
-        q.forward(&data[start..end], m, epi)
+        f(kernels::cpu_slice::<f32>(cpu, layout, "dense input")?, m)
     };
     if let Some(last) = dims.last_mut() {
-        *last = q.out_features();
+        *last = n;
     }
     Ok(Tensor::from_vec(y, dims, x.device())?)
 }
@@ -154,11 +204,10 @@ impl Linear {
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let y = self.w.matmul(x)?;
-        Ok(match &self.b {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+        match &self.b {
+            Some(b) => self.w.matmul_bias(x, b),
+            None => self.w.matmul(x),
+        }
     }
 }
 

@@ -26,6 +26,7 @@ use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
 pub use self::batch::Attention;
+use self::layers::Weight;
 pub(crate) use self::{
     act::Act,
     batch::{Route, Routing},
@@ -53,11 +54,23 @@ impl Encoder {
         vb: VarBuilder,
         path: &std::path::Path,
     ) -> Result<Self, ModelError> {
-        Ok(match &config.arch {
+        let mut enc = match &config.arch {
             Arch::ModernBert(c) => Encoder::ModernBert(ModernBert::load(c, vb, path)?),
             Arch::Qwen3(c) => Encoder::Qwen3(Qwen3::load(c, vb, path)?),
             _ => Encoder::Bert(Bert::load(config, vb, path)?),
-        })
+        };
+        for w in enc.dense_weights() {
+            w.pack_for_cpu()?;
+        }
+        Ok(enc)
+    }
+
+    fn dense_weights(&mut self) -> Vec<&mut Weight> {
+        match self {
+            Encoder::Bert(m) => m.dense_weights(),
+            Encoder::ModernBert(m) => m.dense_weights(),
+            Encoder::Qwen3(m) => m.dense_weights(),
+        }
     }
 
     fn routing(&mut self) -> &mut Routing {
@@ -83,11 +96,10 @@ impl Encoder {
     /// Quantizes the dense layers to int8 for the CPU (`EngineOptions::int8`); attention,
     /// norms and embeddings stay f32.
     pub(crate) fn quantize_int8(&mut self) -> Result<(), ModelError> {
-        match self {
-            Encoder::Bert(m) => m.quantize_int8(),
-            Encoder::ModernBert(m) => m.quantize_int8(),
-            Encoder::Qwen3(m) => m.quantize_int8(),
+        for w in self.dense_weights() {
+            w.quantize_int8()?;
         }
+        Ok(())
     }
 
     /// Token vectors for `rows`, packed (see the module doc).

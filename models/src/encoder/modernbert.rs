@@ -21,7 +21,7 @@ use candle_nn::VarBuilder;
 use super::{
     act::Act,
     batch::Batch,
-    layers::{Linear, Norm},
+    layers::{Linear, Norm, Weight},
     rope::{rotate, Rope},
     Packed, Routing,
 };
@@ -207,14 +207,13 @@ impl ModernBert {
         })
     }
 
-    /// Quantizes every dense layer to int8 (see `Weight::quantize_int8`).
-    pub(crate) fn quantize_int8(&mut self) -> Result<(), ModelError> {
-        for l in &mut self.layers {
-            for w in [&mut l.qkv.w, &mut l.attn_out.w, &mut l.wi.w, &mut l.wo.w] {
-                w.quantize_int8()?;
-            }
-        }
-        Ok(())
+    /// Every dense layer's weight, for the steps that re-lay them all out (int8, the
+    /// CPU's packed f32).
+    pub(crate) fn dense_weights(&mut self) -> Vec<&mut Weight> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| [&mut l.qkv.w, &mut l.attn_out.w, &mut l.wi.w, &mut l.wo.w])
+            .collect()
     }
 
     /// Token vectors for `rows`, packed, after the final norm (what sentence-transformers

@@ -16,7 +16,7 @@ use candle_nn::VarBuilder;
 use super::{
     act::Act,
     batch::Batch,
-    layers::{Linear, RmsNorm},
+    layers::{Linear, RmsNorm, Weight},
     rope::{rotate, Rope},
     Packed, Routing,
 };
@@ -149,14 +149,13 @@ impl Qwen3 {
         })
     }
 
-    /// Quantizes every dense layer to int8 (see `Weight::quantize_int8`).
-    pub(crate) fn quantize_int8(&mut self) -> Result<(), ModelError> {
-        for l in &mut self.layers {
-            for w in [&mut l.qkv.w, &mut l.o.w, &mut l.gate_up.w, &mut l.down.w] {
-                w.quantize_int8()?;
-            }
-        }
-        Ok(())
+    /// Every dense layer's weight, for the steps that re-lay them all out (int8, the
+    /// CPU's packed f32).
+    pub(crate) fn dense_weights(&mut self) -> Vec<&mut Weight> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| [&mut l.qkv.w, &mut l.o.w, &mut l.gate_up.w, &mut l.down.w])
+            .collect()
     }
 
     /// Token vectors for `rows`, packed, after the final norm (what sentence-transformers
