@@ -268,10 +268,11 @@ mod avx512 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn lcg(seed: &mut u64) -> f32 {
+    /// Deterministic values in [-1, 1) for the kernels' tests (this one's and int8's).
+    pub(crate) fn lcg(seed: &mut u64) -> f32 {
         *seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
