@@ -45,7 +45,7 @@ impl Weight {
     /// `x · w` over the last dimension of `x`.
     pub(crate) fn matmul(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         match self {
-            Weight::Float(w) if !self.own_kernel() => Ok(x.matmul(w)?),
+            Weight::Float(w) => Ok(x.matmul(w)?),
             _ => self.product(x, Epilogue::None),
         }
     }
