@@ -337,6 +337,13 @@ mod avx512 {
             for (v, b) in b.iter_mut().enumerate() {
                 *b = _mm512_loadu_si512(w.add((v * groups + g) * PANEL * 4) as *const _);
             }
+            // Each panel 1 KiB ahead: the weights stream from L3 or memory, as in the
+            // f32 kernel (`dense::PREFETCH`); on the Intel Xeon, 4-6% over Qwen3-shaped
+            // rotating weights. `wrapping_add`: past a panel's end the hint may point
+            // outside the buffer, which a prefetch (never a fault) may do but `add` may not.
+            for v in 0..V {
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((v * groups + g + 16) * PANEL * 4));
+            }
             for (i, acc) in acc.iter_mut().enumerate() {
                 let x = _mm512_set1_epi32((a.add(i * k4 + g * 4) as *const i32).read_unaligned());
                 for (acc, b) in acc.iter_mut().zip(b.iter()) {
