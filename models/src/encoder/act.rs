@@ -46,6 +46,9 @@ impl Act {
         if self == Act::Gelu {
             return kernels::gated_gelu(up, ops);
         }
+        if self == Act::Silu {
+            return kernels::gated_silu(up);
+        }
         let i = up.dim(1)? / 2;
         self.apply(&up.narrow(1, 0, i)?)? * up.narrow(1, i, i)?
     }

@@ -23,7 +23,7 @@ use super::{
 use crate::{
     batcher::Row,
     config::Qwen3Config,
-    kernels::{Heads, Mask},
+    kernels::{self, Heads, Mask},
     ModelError,
 };
 
@@ -169,25 +169,22 @@ impl Qwen3 {
                 .pick(&self.device, self.embed.dtype(), self.heads.d),
         )?;
         let (cos, sin) = self.rope.at(&batch.position_ids(0)?)?;
-        let Heads { q, kv, d } = self.heads;
-        let n = batch.tokens();
         let mut x = self.embed.index_select(&batch.ids, 0)?;
         for l in &self.layers {
             let qkv = l.qkv.forward(&l.input_norm.forward(&x, self.eps)?)?;
-            // Per-head RMSNorm of Q and K, each over its d values.
-            let qn = l
-                .q_norm
-                .forward(&qkv.narrow(1, 0, q * d)?.reshape((n, q, d))?, self.eps)?
-                .reshape((n, q * d))?;
-            let kn = l
-                .k_norm
-                .forward(
-                    &qkv.narrow(1, q * d, kv * d)?.reshape((n, kv, d))?,
+            let qkv = if kernels::cpu_f32(&qkv) {
+                kernels::qk_norm_rope(
+                    &qkv,
+                    &l.q_norm.weight,
+                    &l.k_norm.weight,
+                    &cos,
+                    &sin,
+                    self.heads,
                     self.eps,
                 )?
-                .reshape((n, kv * d))?;
-            let v = qkv.narrow(1, (q + kv) * d, kv * d)?;
-            let qkv = rotate(&Tensor::cat(&[qn, kn, v], 1)?, &cos, &sin, self.heads)?;
+            } else {
+                self.qk_norm_rope(l, &qkv, &cos, &sin)?
+            };
             let ctx = batch.attend(&qkv, self.heads, Mask::Causal)?;
             x = (x + l.o.forward(&ctx)?)?;
             let up = l.gate_up.forward(&l.post_norm.forward(&x, self.eps)?)?;
@@ -197,5 +194,31 @@ impl Qwen3 {
         }
         let x = self.norm.forward(&x, self.eps)?;
         Ok(batch.into_packed(x))
+    }
+
+    /// Per-head RMSNorm of Q and K, each over its d values, then rotation, as candle ops:
+    /// cards and f16/bf16 (the CPU in f32 runs `kernels::qk_norm_rope`, one fused pass).
+    fn qk_norm_rope(
+        &self,
+        l: &Layer,
+        qkv: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        let Heads { q, kv, d } = self.heads;
+        let n = qkv.dim(0)?;
+        let qn = l
+            .q_norm
+            .forward(&qkv.narrow(1, 0, q * d)?.reshape((n, q, d))?, self.eps)?
+            .reshape((n, q * d))?;
+        let kn = l
+            .k_norm
+            .forward(
+                &qkv.narrow(1, q * d, kv * d)?.reshape((n, kv, d))?,
+                self.eps,
+            )?
+            .reshape((n, kv * d))?;
+        let v = qkv.narrow(1, (q + kv) * d, kv * d)?;
+        rotate(&Tensor::cat(&[qn, kn, v], 1)?, cos, sin, self.heads)
     }
 }
