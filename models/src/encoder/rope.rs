@@ -111,14 +111,7 @@ mod tests {
         let cat = Tensor::cat(&[qn, kn, v], 1).unwrap();
         let want = rotate(&cat, &cos, &sin, heads).unwrap();
 
-        let diff = (got - want)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = crate::kernels::tests::max_diff(&got, &want);
         assert!(diff < 1e-5, "max diff {diff}");
     }
 
