@@ -595,16 +595,10 @@ impl CustomOp1 for GatedGelu {
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = f32_slice(s1, l1, "gated-gelu x")?;
         let (n, two_i) = l1.shape().dims2()?;
-        let i = two_i / 2;
-        let mut out = vec![0f32; n * i];
-        out.par_chunks_mut(i * ROWS_PER_TASK)
-            .zip(x.par_chunks(two_i * ROWS_PER_TASK))
-            .for_each(|(o, x)| {
-                for (o, x) in o.chunks_mut(i).zip(x.chunks(two_i)) {
-                    gated_gelu_row(x, o);
-                }
-            });
-        Ok((CpuStorage::F32(out), Shape::from((n, i))))
+        Ok((
+            CpuStorage::F32(gated_rows(x, two_i, gated_gelu_row)),
+            Shape::from((n, two_i / 2)),
+        ))
     }
 
     #[cfg(feature = "cuda")]
@@ -755,16 +749,12 @@ pub(crate) enum CardOps {
 /// tensor: gpulane's CPU ones in f32, its CUDA ones in f32, f16 and bf16 unless `ops`
 /// says candle's.
 fn fused(t: &Tensor, ops: CardOps) -> bool {
-    t.is_contiguous()
-        && match t.device() {
-            candle_core::Device::Cpu => t.dtype() == DType::F32,
-            candle_core::Device::Cuda(_) => {
-                cfg!(feature = "cuda")
-                    && ops == CardOps::Gpulane
-                    && matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16)
-            }
-            _ => false,
-        }
+    cpu_f32(t)
+        || (t.is_contiguous()
+            && t.device().is_cuda()
+            && cfg!(feature = "cuda")
+            && ops == CardOps::Gpulane
+            && matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16))
 }
 
 /// GELU (erf) of `x + bias`, `bias` broadcast over the last dimension.
@@ -789,42 +779,44 @@ pub(crate) fn gated_gelu(x: &Tensor, ops: CardOps) -> Result<Tensor> {
 }
 
 /// SiLU of the first half of `x`'s last dimension times its second half: `[N, 2I]` in,
-/// `[N, I]` out. The fused kernel on the CPU in f32 (candle's SiLU calls scalar `exp` on
-/// one strided half, then multiplies by the other: 15% of a Qwen3 int8 forward pass);
-/// candle ops elsewhere.
+/// `[N, I]` out, on the CPU in f32 only (callers check [`cpu_f32`]; candle's SiLU calls
+/// scalar `exp` on one strided half, then multiplies by the other: 15% of a Qwen3 int8
+/// forward pass).
 pub(crate) fn gated_silu(x: &Tensor) -> Result<Tensor> {
-    if !cpu_f32(x) {
-        let i = x.dim(candle_core::D::Minus1)? / 2;
-        return x.narrow(candle_core::D::Minus1, 0, i)?.silu()?
-            * x.narrow(candle_core::D::Minus1, i, i)?;
-    }
     let (n, two_i) = x.dims2()?;
-    let i = two_i / 2;
-    let mut out = vec![0f32; n * i];
-    with_cpu_f32(x, "gated-silu x", |x| {
-        out.par_chunks_mut(i * ROWS_PER_TASK)
-            .zip(x.par_chunks(two_i * ROWS_PER_TASK))
-            .for_each(|(o, x)| {
-                for (o, x) in o.chunks_mut(i).zip(x.chunks(two_i)) {
-                    gated_silu_row(x, o);
-                }
-            });
-        Ok(())
+    let out = with_cpu_f32(x, "gated-silu x", |x| {
+        Ok(gated_rows(x, two_i, gated_silu_row))
     })?;
-    Tensor::from_vec(out, (n, i), x.device())
+    Tensor::from_vec(out, (n, two_i / 2), x.device())
+}
+
+/// `row(x, out)` over every `two_i`-wide row of a gated up-projection, in parallel:
+/// `[N, 2I]` in, `[N, I]` out.
+fn gated_rows(x: &[f32], two_i: usize, row: fn(&[f32], &mut [f32])) -> Vec<f32> {
+    let i = two_i / 2;
+    let mut out = vec![0f32; x.len() / 2];
+    out.par_chunks_mut(i * ROWS_PER_TASK)
+        .zip(x.par_chunks(two_i * ROWS_PER_TASK))
+        .for_each(|(o, x)| {
+            for (o, x) in o.chunks_mut(i).zip(x.chunks(two_i)) {
+                row(x, o);
+            }
+        });
+    out
 }
 
 /// Per-head RMSNorm of Q (weight `q_norm`, `[d]`) and K (`k_norm`), then rotary
-/// rotate-half by each token's angles (`cos`, `sin`: `[N, 1, d/2]` or `[N, d/2]`), on a
-/// packed `[N, (q + 2·kv)·d]` `qkv`; V passes through. One pass over a copy of `qkv`, on
-/// the CPU in f32 only (see [`cpu_f32`]): the candle chain it replaces (narrow, copy,
-/// norm, concatenate, copy, rotate, concatenate) was a quarter of a Qwen3 int8 pass.
+/// rotate-half by each token's angles (`cos`, `sin`: `N × d/2` values, read once per
+/// batch by the caller, not once per layer), on a packed `[N, (q + 2·kv)·d]` `qkv`; V
+/// passes through. One pass over a copy of `qkv`, on the CPU in f32 only (callers check
+/// [`cpu_f32`]): the candle chain it replaces (narrow, copy, norm, concatenate, copy,
+/// rotate, concatenate) was a quarter of a Qwen3 int8 pass.
 pub(crate) fn qk_norm_rope(
     qkv: &Tensor,
     q_norm: &Tensor,
     k_norm: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
+    cos: &[f32],
+    sin: &[f32],
     heads: Heads,
     eps: f32,
 ) -> Result<Tensor> {
@@ -838,10 +830,6 @@ pub(crate) fn qk_norm_rope(
     }
     let half = heads.d / 2;
     let (qw, kw) = (q_norm.to_vec1::<f32>()?, k_norm.to_vec1::<f32>()?);
-    let (cos, sin) = (
-        cos.flatten_all()?.to_vec1::<f32>()?,
-        sin.flatten_all()?.to_vec1::<f32>()?,
-    );
     if cos.len() != n * half || sin.len() != n * half {
         candle_core::bail!(
             "qk-norm-rope: angles for {} tokens, not {n}",
@@ -866,8 +854,12 @@ pub(crate) fn cpu_f32(t: &Tensor) -> bool {
     t.is_contiguous() && t.device().is_cpu() && t.dtype() == DType::F32
 }
 
-/// `f` on a contiguous CPU f32 tensor's values.
-fn with_cpu_f32<R>(t: &Tensor, what: &str, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+/// `f` on a contiguous CPU f32 tensor's values, read in place.
+pub(crate) fn with_cpu_f32<R>(
+    t: &Tensor,
+    what: &str,
+    f: impl FnOnce(&[f32]) -> Result<R>,
+) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else {
         candle_core::bail!("{what}: not on the CPU");

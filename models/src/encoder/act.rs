@@ -46,7 +46,7 @@ impl Act {
         if self == Act::Gelu {
             return kernels::gated_gelu(up, ops);
         }
-        if self == Act::Silu {
+        if self == Act::Silu && kernels::cpu_f32(up) {
             return kernels::gated_silu(up);
         }
         let i = up.dim(1)? / 2;

@@ -1,7 +1,7 @@
 //! The weight-holding layers the families share: a dense layer with its weight laid out
 //! `[in, out]` once at load, LayerNorm with an optional bias, and RMSNorm.
 
-use candle_core::{DType, Storage, Tensor};
+use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
 use super::act::Act;
@@ -158,15 +158,7 @@ fn cpu_product(
     let mut dims = x.dims().to_vec();
     let k = dims.last().copied().unwrap_or(1);
     let m = x.elem_count() / k.max(1);
-    let y = {
-        let (storage, layout) = x.storage_and_layout();
-        let Storage::Cpu(cpu) = &*storage else {
-            return Err(
-                candle_core::Error::Msg("a CPU kernel's input is not on the CPU".into()).into(),
-            );
-        };
-        f(kernels::cpu_slice::<f32>(cpu, layout, "dense input")?, m)
-    };
+    let y = kernels::with_cpu_f32(&x, "dense input", |x| Ok(f(x, m)))?;
     if let Some(last) = dims.last_mut() {
         *last = n;
     }
