@@ -51,7 +51,7 @@ const MR: usize = 12;
 /// How far ahead, in inner-dimension steps (128 bytes each), a tile asks for its panel:
 /// 3 KiB. A model's 24 weights cycle through the cache, so each panel is read from L3 or
 /// memory, and the L1 streamer alone lagged the FMAs; on the Intel Xeon this took the
-/// kernel from 0.79-0.93x to 0.90-1.03x of `gemm` over the model's rotating weights
+/// kernel from 0.78-0.93x to 0.88-1.03x of `gemm` over the model's rotating weights
 /// (anywhere from 16 to 40 steps measured the same).
 const PREFETCH: usize = 24;
 /// Rows one task takes: eight tiles, so each weight panel a task reads from cache serves

@@ -338,7 +338,7 @@ mod avx512 {
                 *b = _mm512_loadu_si512(w.add((v * groups + g) * PANEL * 4) as *const _);
             }
             // Each panel 1 KiB ahead: the weights stream from L3 or memory, as in the
-            // f32 kernel (`dense::PREFETCH`); on the Intel Xeon, 4-6% over Qwen3-shaped
+            // f32 kernel (`dense::PREFETCH`); on the Intel Xeon, 1-6% over Qwen3-shaped
             // rotating weights. `wrapping_add`: past a panel's end the hint may point
             // outside the buffer, which a prefetch (never a fault) may do but `add` may not.
             for v in 0..V {
