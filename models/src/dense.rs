@@ -44,7 +44,7 @@ impl<'a> Epilogue<'a> {
 }
 
 /// Output columns per tile: two 512-bit registers.
-const NR: usize = 32;
+pub(crate) const NR: usize = 32;
 /// Rows per tile at most: 2 × 12 accumulators, two weight vectors and a broadcast fit
 /// AVX-512's 32 registers.
 const MR: usize = 12;
@@ -161,6 +161,35 @@ impl PackedLinear {
     }
 }
 
+/// `epi(x · w)` for `rows` rows of `x` (row stride `lda`, `k` inputs each) and one panel
+/// `w` (`k` rows of 32 contiguous columns), into the first `live` ≤ 32 columns of `y` (row
+/// stride `ldy`); `c0` is the panel's first output column, for the epilogue's bias. The
+/// tile loop of [`PackedLinear::forward`], for callers with their own panels (attention's
+/// Kᵀ and V).
+///
+/// # Safety
+/// [`runs_here`] holds; `x` is readable at `r·lda + i`, `w` at `i·32 + c` and `y`
+/// writable at `r·ldy + c'`, for every r < rows, i < k, c < 32 and c' < live; `y`
+/// aliases neither.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn panel(
+    x: *const f32,
+    lda: usize,
+    rows: usize,
+    k: usize,
+    w: *const f32,
+    y: *mut f32,
+    ldy: usize,
+    live: usize,
+    c0: usize,
+    epi: Epilogue,
+) {
+    #[cfg(target_arch = "x86_64")]
+    avx512::panel(x, lda, rows, k, w, y, ldy, live, c0, epi);
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("the AVX-512 dense kernel off x86-64 ({rows} rows, {k} inputs, {live} columns, {lda}, {ldy}, {c0}, {epi:?}, {x:?}, {w:?}, {y:?})");
+}
+
 /// The output buffer, shared by tasks that write disjoint tiles of it.
 #[derive(Clone, Copy)]
 struct Dst(*mut f32);
@@ -175,9 +204,7 @@ mod avx512 {
 
     use super::{Dst, Epilogue, PackedLinear, MR, NR, PREFETCH};
 
-    /// Rows `rows` × panels `cols`: per panel, the rows in near-equal tiles of at most
-    /// [`MR`] (25 rows are 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache
-    /// after the first.
+    /// Rows `rows` × panels `cols`, panel by panel (see [`panel`]).
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn task(
         l: &PackedLinear,
@@ -188,28 +215,56 @@ mod avx512 {
         y: Dst,
     ) {
         let (k, n) = (l.k, l.n);
-        let tiles = rows.len().div_ceil(MR);
         for p in cols {
             let c0 = p * NR;
-            let live = (n - c0).min(NR);
-            let masks = (mask(live), mask(live.saturating_sub(16)));
-            let b = l.packed.as_ptr().add(p * k * NR);
-            let mut r = rows.start;
-            for t in 0..tiles {
-                let mr = (rows.end - r).div_ceil(tiles - t);
-                let a = x.as_ptr().add(r * k);
-                let d = y.0.add(r * n + c0);
-                macro_rules! tile {
-                    ($($r:literal)*) => {
-                        match mr {
-                            $($r => tile::<$r>(a, k, b, n, d, masks, c0, epi),)*
-                            _ => unreachable!("a tile of {mr} rows"),
-                        }
-                    };
-                }
-                tile!(1 2 3 4 5 6 7 8 9 10 11 12);
-                r += mr;
+            panel(
+                x.as_ptr().add(rows.start * k),
+                k,
+                rows.len(),
+                k,
+                l.packed.as_ptr().add(p * k * NR),
+                y.0.add(rows.start * n + c0),
+                n,
+                (n - c0).min(NR),
+                c0,
+                epi,
+            );
+        }
+    }
+
+    /// [`super::panel`]: the rows in near-equal tiles of at most [`MR`] (25 rows are
+    /// 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache after the first.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn panel(
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        k: usize,
+        w: *const f32,
+        y: *mut f32,
+        ldy: usize,
+        live: usize,
+        c0: usize,
+        epi: Epilogue,
+    ) {
+        let masks = (mask(live), mask(live.saturating_sub(16)));
+        let tiles = rows.div_ceil(MR);
+        let mut r = 0;
+        for t in 0..tiles {
+            let mr = (rows - r).div_ceil(tiles - t);
+            let a = x.add(r * lda);
+            let d = y.add(r * ldy);
+            macro_rules! tile {
+                ($($r:literal)*) => {
+                    match mr {
+                        $($r => tile::<$r>(a, lda, k, w, ldy, d, masks, c0, epi),)*
+                        _ => unreachable!("a tile of {mr} rows"),
+                    }
+                };
             }
+            tile!(1 2 3 4 5 6 7 8 9 10 11 12);
+            r += mr;
         }
     }
 
@@ -221,16 +276,18 @@ mod avx512 {
         }
     }
 
-    /// One `R`-row by 32-column tile over the whole inner dimension: `w` is the panel,
-    /// `k` × 32 contiguous. The masks cover the last panel's real columns (its padding
-    /// columns are neither read from the bias nor stored).
+    /// One `R`-row by 32-column tile over the whole inner dimension: `x` rows `lda`
+    /// apart, `w` the panel, `k` × 32 contiguous, `y` rows `ldy` apart. The masks cover
+    /// the last panel's real columns (its padding columns are neither read from the bias
+    /// nor stored).
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn tile<const R: usize>(
         x: *const f32,
+        lda: usize,
         k: usize,
         w: *const f32,
-        n: usize,
+        ldy: usize,
         y: *mut f32,
         (m0, m1): (__mmask16, __mmask16),
         c0: usize,
@@ -248,7 +305,7 @@ mod avx512 {
             _mm_prefetch::<_MM_HINT_T0>(ahead);
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
             for r in 0..R {
-                let a = _mm512_set1_ps(*x.add(r * k + i));
+                let a = _mm512_set1_ps(*x.add(r * lda + i));
                 lo[r] = _mm512_fmadd_ps(a, w0, lo[r]);
                 hi[r] = _mm512_fmadd_ps(a, w1, hi[r]);
             }
@@ -272,7 +329,7 @@ mod avx512 {
                         _mm512_loadu_ps(lanes.as_ptr())
                     }
                 };
-                _mm512_mask_storeu_ps(y.add(r * n + 16 * h), m, v);
+                _mm512_mask_storeu_ps(y.add(r * ldy + 16 * h), m, v);
             }
         }
     }

@@ -8,16 +8,18 @@
 //! tensors on the CPU, gpulane's CUDA kernels on cards (`cuda.rs`, f32/f16/bf16), and the
 //! equivalent chain of candle ops elsewhere (the CPU in f16/bf16), so callers never branch
 //! on the device; packed `attention` (optionally windowed) is CPU-f32 only (cards have
-//! `varlen.rs`), and `masked_softmax` with its `band` is the padded attention path's
-//! plain-candle softmax. Kernels run on rayon's pool, the one
-//! candle's matmul uses, and are compiled twice: once for AVX2+FMA (picked at run time)
-//! and once for the baseline.
+//! `varlen.rs`; full and causal masks on AVX-512 CPUs go to `attention.rs`'s panels), and
+//! `masked_softmax` with its `band` is the padded attention path's plain-candle softmax.
+//! Kernels run on rayon's pool, the one candle's matmul uses, and are compiled twice: once
+//! for AVX2+FMA (picked at run time) and once for the baseline.
 
 use candle_core::{
     backend::BackendStorage, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result,
     Shape, Tensor,
 };
 use rayon::prelude::*;
+
+use crate::attention::{self, Scratch};
 
 /// Rows handed to one rayon task: big enough to amortise scheduling, small enough to
 /// spread a short batch over every thread.
@@ -269,11 +271,12 @@ impl RelativeBias {
     }
 }
 
-/// Attention for one sequence, every head: `qkv` holds its `len` packed rows of
-/// `[Q | K | V]` (Q pre-scaled by 1/√d), `out` its `len` rows of `q·d`. Per head, scores =
-/// Q·Kᵀ and out = softmax(scores)·V are two single-threaded gemm calls that read Q, K and
-/// V in place through strides (the caller runs sequences in parallel); only one score
-/// block exists at a time, never the batch's `[B, heads, T, T]`.
+/// Attention for one sequence, every head, where `attention::sequence` does not serve:
+/// windowed and relative-bias masks, and CPUs without AVX-512. `qkv` holds its `len`
+/// packed rows of `[Q | K | V]` (Q pre-scaled by 1/√d), `out` its `len` rows of `q·d`. Per
+/// head, scores = Q·Kᵀ and out = softmax(scores)·V are two single-threaded gemm calls that
+/// read Q, K and V in place through strides (the caller runs sequences in parallel); only
+/// one score block exists at a time, never the batch's `[B, heads, T, T]`.
 ///
 /// Queries go in blocks, so the score buffer is a block's rows by the keys they see:
 /// [`GLOBAL_BLOCK`] rows against every key without a window (against the keys up to the
@@ -449,7 +452,7 @@ dispatch!(softmax_row_auto, softmax_body, (x: &mut [f32]));
 /// One attention row's softmax, in place: AVX-512 intrinsics where the CPU has them (the
 /// compiler leaves [`softmax_body`]'s `exp` scalar, and softmax was a quarter of a long
 /// passage's time in int8), else the auto-vectorized body.
-fn softmax_row(x: &mut [f32]) {
+pub(crate) fn softmax_row(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512 F.
@@ -670,6 +673,8 @@ struct PackedAttention<'a> {
     lens: &'a [usize],
     heads: Heads,
     mask: Mask<'a>,
+    /// Full and causal masks on `attention::sequence` (AVX-512), not `gemm`.
+    panels: bool,
 }
 
 impl CustomOp1 for PackedAttention<'_> {
@@ -697,10 +702,24 @@ impl CustomOp1 for PackedAttention<'_> {
         blocks
             .into_par_iter()
             .zip(self.starts.par_iter().zip(self.lens.par_iter()))
-            .for_each_init(Vec::new, |scratch, (block, (&start, &len))| {
-                if len > 0 {
-                    let rows = &qkv[start * width..(start + len) * width];
-                    attention_seq(rows, len, self.heads, &self.mask, block, scratch);
+            .for_each_init(Scratch::default, |scratch, (block, (&start, &len))| {
+                if len == 0 {
+                    return;
+                }
+                let rows = &qkv[start * width..(start + len) * width];
+                match self.mask {
+                    Mask::Full | Mask::Causal if self.panels => {
+                        let causal = matches!(self.mask, Mask::Causal);
+                        attention::sequence(rows, len, self.heads, causal, block, scratch)
+                    }
+                    _ => attention_seq(
+                        rows,
+                        len,
+                        self.heads,
+                        &self.mask,
+                        block,
+                        &mut scratch.scores,
+                    ),
                 }
             });
         Ok((CpuStorage::F32(out), Shape::from((n, h))))
@@ -718,6 +737,19 @@ pub(crate) fn attention(
     heads: Heads,
     mask: Mask,
 ) -> Result<Tensor> {
+    attention_on(qkv, starts, lens, heads, mask, attention::runs_here())
+}
+
+/// [`attention`], with full and causal masks on `attention::sequence` where `panels`
+/// (tests run both routes).
+fn attention_on(
+    qkv: &Tensor,
+    starts: &[usize],
+    lens: &[usize],
+    heads: Heads,
+    mask: Mask,
+    panels: bool,
+) -> Result<Tensor> {
     if let Mask::Relative(r) = mask {
         r.covers(lens, heads)?;
     }
@@ -726,6 +758,7 @@ pub(crate) fn attention(
         lens,
         heads,
         mask,
+        panels,
     })
 }
 
@@ -1243,10 +1276,29 @@ pub(crate) mod tests {
     }
 
     /// Grouped-query heads, causal masks (over several query blocks) and a relative
-    /// bias, against plain loops.
+    /// bias, against plain loops, on both routes: `gemm`, and where the CPU has AVX-512
+    /// the panels of `attention::sequence` (heads of 8 dims fill part of one value panel,
+    /// 40 one and a part, 64 two; 300 keys are nine key panels, the last part-filled).
     #[test]
     fn packed_attention_handles_grouped_heads_causal_and_relative_masks() {
-        let heads = Heads { q: 4, kv: 2, d: 8 };
+        let routes: &[bool] = if attention::runs_here() {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        let shapes = [
+            Heads { q: 4, kv: 2, d: 8 },
+            Heads { q: 3, kv: 1, d: 40 },
+            Heads { q: 2, kv: 2, d: 64 },
+        ];
+        for &panels in routes {
+            for heads in shapes {
+                check_attention_against_loops(heads, panels);
+            }
+        }
+    }
+
+    fn check_attention_against_loops(heads: Heads, panels: bool) {
         let lens = [3usize, 300, 1, 17];
         let starts = [0usize, 3, 303, 304];
         let n: usize = lens.iter().sum();
@@ -1277,7 +1329,7 @@ pub(crate) mod tests {
             }),
         ];
         for (mask, bias) in cases {
-            let got = attention(&qkv, &starts, &lens, heads, mask).unwrap();
+            let got = attention_on(&qkv, &starts, &lens, heads, mask, panels).unwrap();
             assert_eq!(got.dims(), &[n, heads.q * heads.d]);
             let got: Vec<f32> = got.flatten_all().unwrap().to_vec1().unwrap();
             for (&s, &len) in starts.iter().zip(&lens) {
@@ -1288,7 +1340,10 @@ pub(crate) mod tests {
                     .zip(&want)
                     .map(|(a, b)| (a - b).abs())
                     .fold(0f32, f32::max);
-                assert!(diff < 1e-5, "{mask:?} at {s}: max diff {diff}");
+                assert!(
+                    diff < 1e-5,
+                    "{mask:?} {heads:?} panels {panels} at {s}: max diff {diff}"
+                );
             }
         }
     }

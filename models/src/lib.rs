@@ -6,6 +6,7 @@
 //! engine calls, and the runtime decides which device an engine lives on.
 #![warn(missing_docs)]
 
+mod attention;
 mod batcher;
 mod checkpoint;
 mod config;
