@@ -12,7 +12,7 @@
 //! can be small and score only the keys up to their last row.
 
 use crate::{
-    dense::{self, Epilogue, NR},
+    dense::{self, Epilogue, Panel, NR},
     kernels::{softmax_row, Heads},
 };
 
@@ -90,18 +90,18 @@ pub(crate) fn sequence(
                     // columns, the row stride apart, lie inside `qkv`; key panel p holds
                     // d × 32; scores hold BLOCK rows of `stride` ≥ every panel's columns.
                     unsafe {
-                        dense::panel(
-                            qkv.as_ptr().add(i0 * row + head * d),
-                            row,
-                            m,
-                            d,
-                            keys.as_ptr().add(p * d * NR),
-                            scores.as_mut_ptr().add(p * NR),
-                            stride,
-                            (seen - p * NR).min(NR),
-                            0,
-                            Epilogue::None,
-                        )
+                        dense::panel(Panel {
+                            x: qkv.as_ptr().add(i0 * row + head * d),
+                            lda: row,
+                            rows: m,
+                            k: d,
+                            w: keys.as_ptr().add(p * d * NR),
+                            y: scores.as_mut_ptr().add(p * NR),
+                            ldy: stride,
+                            live: (seen - p * NR).min(NR),
+                            c0: 0,
+                            epi: Epilogue::None,
+                        })
                     };
                 }
                 for (r, s) in scores.chunks_mut(stride).take(m).enumerate() {
@@ -114,18 +114,18 @@ pub(crate) fn sequence(
                     // panel p holds len ≥ seen rows of 32, and the outputs are rows
                     // i0..i0 + m of `out` at this head's columns p·32.. (≤ d of them).
                     unsafe {
-                        dense::panel(
-                            scores.as_ptr(),
-                            stride,
-                            m,
-                            seen,
-                            values.as_ptr().add(p * len * NR),
-                            out.as_mut_ptr().add(i0 * h + head * d + p * NR),
-                            h,
-                            (d - p * NR).min(NR),
-                            0,
-                            Epilogue::None,
-                        )
+                        dense::panel(Panel {
+                            x: scores.as_ptr(),
+                            lda: stride,
+                            rows: m,
+                            k: seen,
+                            w: values.as_ptr().add(p * len * NR),
+                            y: out.as_mut_ptr().add(i0 * h + head * d + p * NR),
+                            ldy: h,
+                            live: (d - p * NR).min(NR),
+                            c0: 0,
+                            epi: Epilogue::None,
+                        })
                     };
                 }
             }

@@ -161,33 +161,36 @@ impl PackedLinear {
     }
 }
 
-/// `epi(x · w)` for `rows` rows of `x` (row stride `lda`, `k` inputs each) and one panel
-/// `w` (`k` rows of 32 contiguous columns), into the first `live` ≤ 32 columns of `y` (row
-/// stride `ldy`); `c0` is the panel's first output column, for the epilogue's bias. The
-/// tile loop of [`PackedLinear::forward`], for callers with their own panels (attention's
-/// Kᵀ and V).
+/// One product of [`panel`]: `epi(x · w)` for `rows` rows of `x` (row stride `lda`, `k`
+/// inputs each) and one panel `w` (`k` rows of 32 contiguous columns), into the first
+/// `live` ≤ 32 columns of `y` (row stride `ldy`); `c0` is the panel's first output column,
+/// for the epilogue's bias.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Panel<'a> {
+    pub(crate) x: *const f32,
+    pub(crate) lda: usize,
+    pub(crate) rows: usize,
+    pub(crate) k: usize,
+    pub(crate) w: *const f32,
+    pub(crate) y: *mut f32,
+    pub(crate) ldy: usize,
+    pub(crate) live: usize,
+    pub(crate) c0: usize,
+    pub(crate) epi: Epilogue<'a>,
+}
+
+/// The tile loop of [`PackedLinear::forward`] for one [`Panel`], for callers with their
+/// own panels (attention's Kᵀ and V).
 ///
 /// # Safety
 /// [`runs_here`] holds; `x` is readable at `r·lda + i`, `w` at `i·32 + c` and `y`
 /// writable at `r·ldy + c'`, for every r < rows, i < k, c < 32 and c' < live; `y`
 /// aliases neither.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn panel(
-    x: *const f32,
-    lda: usize,
-    rows: usize,
-    k: usize,
-    w: *const f32,
-    y: *mut f32,
-    ldy: usize,
-    live: usize,
-    c0: usize,
-    epi: Epilogue,
-) {
+pub(crate) unsafe fn panel(p: Panel) {
     #[cfg(target_arch = "x86_64")]
-    avx512::panel(x, lda, rows, k, w, y, ldy, live, c0, epi);
+    avx512::panel(p);
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("the AVX-512 dense kernel off x86-64 ({rows} rows, {k} inputs, {live} columns, {lda}, {ldy}, {c0}, {epi:?}, {x:?}, {w:?}, {y:?})");
+    unreachable!("the AVX-512 dense kernel off x86-64 ({p:?})");
 }
 
 /// The output buffer, shared by tasks that write disjoint tiles of it.
@@ -202,7 +205,7 @@ mod avx512 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::{Dst, Epilogue, PackedLinear, MR, NR, PREFETCH};
+    use super::{Dst, Epilogue, PackedLinear, Panel, MR, NR, PREFETCH};
 
     /// Rows `rows` × panels `cols`, panel by panel (see [`panel`]).
     #[target_feature(enable = "avx512f")]
@@ -217,37 +220,37 @@ mod avx512 {
         let (k, n) = (l.k, l.n);
         for p in cols {
             let c0 = p * NR;
-            panel(
-                x.as_ptr().add(rows.start * k),
+            panel(Panel {
+                x: x.as_ptr().add(rows.start * k),
+                lda: k,
+                rows: rows.len(),
                 k,
-                rows.len(),
-                k,
-                l.packed.as_ptr().add(p * k * NR),
-                y.0.add(rows.start * n + c0),
-                n,
-                (n - c0).min(NR),
+                w: l.packed.as_ptr().add(p * k * NR),
+                y: y.0.add(rows.start * n + c0),
+                ldy: n,
+                live: (n - c0).min(NR),
                 c0,
                 epi,
-            );
+            });
         }
     }
 
     /// [`super::panel`]: the rows in near-equal tiles of at most [`MR`] (25 rows are
     /// 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache after the first.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn panel(
-        x: *const f32,
-        lda: usize,
-        rows: usize,
-        k: usize,
-        w: *const f32,
-        y: *mut f32,
-        ldy: usize,
-        live: usize,
-        c0: usize,
-        epi: Epilogue,
-    ) {
+    pub(super) unsafe fn panel(p: Panel) {
+        let Panel {
+            x,
+            lda,
+            rows,
+            k,
+            w,
+            y,
+            ldy,
+            live,
+            c0,
+            epi,
+        } = p;
         let masks = (mask(live), mask(live.saturating_sub(16)));
         let tiles = rows.div_ceil(MR);
         let mut r = 0;
