@@ -266,7 +266,9 @@ def test_b_jsonl_and_csv_from_a_file_root(temporal_address, gpulane, tmp_path):
 # --- c. kill -9 mid-shard, resumed by another worker ---------------------------------------
 
 def test_c_a_killed_worker_s_job_resumes_on_another_skipping_the_parts_written(temporal_address, gpulane, s3):
-    n, part_rows = 5000, 500
+    # Long enough that the job outlives a heartbeat listing two parts: 5,000 rows once
+    # finished before the server held one, on a faster host.
+    n, part_rows = 12000, 500
     loc = S3Prefix(s3, new_prefix())
     data = write_dataset(loc, "data/corpus.parquet", n)
     flags = ("--model", str(minilm_dir()), "--gpus", "none", "--data-root", loc.root_uri)
@@ -366,7 +368,7 @@ def test_e_small_calls_complete_while_a_long_job_runs_and_priority_is_reported(t
     # Knobs for measuring by hand: the job's rows, and shards (n activities of it at once,
     # so the engine holds several of the job's chunks at a time and a priority key has
     # queued rows to go ahead of).
-    n, calls = int(os.environ.get("GPULANE_TEST_SHARING_ROWS", "6000")), 20
+    n, calls = int(os.environ.get("GPULANE_TEST_SHARING_ROWS", "15000")), 20
     shards = int(os.environ.get("GPULANE_TEST_SHARING_SHARDS", "1"))
     loc = Local(tmp_path / "data")
     data = write_dataset(loc, "corpus.parquet", n)
