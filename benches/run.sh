@@ -44,7 +44,11 @@
 # Qwen3-Embedding-0.6B's shape, last-token pooling, made by benches/make_qwen3.py; the
 # corpora are then sized with its tokenizer), BENCH_SPEED_DIVISOR=N (the speed part on the
 # first 1/N of each corpus, e.g. 10: 200 short sentences and 20 long passages; a 0.6B model
-# does ~40x MiniLM's work per token, so the full corpora take hours on 2 cores).
+# does ~40x MiniLM's work per token, so the full corpora take hours on 2 cores),
+# BENCH_CPU_ISA=avx2 (both sides held to AVX2 on a wider CPU, what an AVX2-only CPU such as
+# AMD Zen 2/3 runs: gpulane by GPULANE_CPU_ISA, PyTorch by ATEN_CPU_CAPABILITY, MKL by
+# MKL_ENABLE_INSTRUCTIONS and oneDNN by ONEDNN_MAX_CPU_ISA; `gemm` under candle's matmul,
+# which gpulane's f32 layers no longer call, keeps its own detection).
 #
 # All traffic stays on 127.0.0.1 (free ports); every command is under a time limit, and
 # every process started here is stopped on exit, error or Ctrl-C.
@@ -66,6 +70,11 @@ PY_MAX_CONCURRENT=${BENCH_PY_MAX_CONCURRENT:-4}
 PY_INFERENCES=${BENCH_PY_INFERENCES:-1}
 SPEED_DIVISOR=${BENCH_SPEED_DIVISOR:-1}
 [[ "$SPEED_DIVISOR" =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_SPEED_DIVISOR is a whole number >= 1" >&2; exit 2; }
+case "${BENCH_CPU_ISA:-}" in
+  "") ;;
+  avx2) export GPULANE_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ;;
+  *) echo "BENCH_CPU_ISA is avx2 or unset" >&2; exit 2 ;;
+esac
 LOAD_FLAGS=()
 [ "${BENCH_FANOUT:-0}" = 1 ] && LOAD_FLAGS=(--fanout)
 OUT=benches/out

@@ -64,6 +64,8 @@ def main():
     result = {
         "model": pathlib.Path(args.model).name,
         "threads": torch.get_num_threads(),
+        # What ATEN_CPU_CAPABILITY left PyTorch's own kernels (BENCH_CPU_ISA caps it).
+        "cpu_isa": torch.backends.cpu.get_cpu_capability().lower(),
         "peer": f"sentence-transformers {sentence_transformers.__version__} / torch {torch.__version__}",
         "results": [{
             "device": "cpu",

@@ -96,7 +96,8 @@ def speed_section(out):
         "## Model speed (one process, no Temporal)" + measured_at(out, "speed-*.json"),
         "",
         f"float32 on the CPU, {g.get('threads', s.get('threads', '?'))} threads (gpulane) / "
-        f"{s.get('threads', '?')} (peer), batch 32, length-sorted, median of "
+        f"{s.get('threads', '?')} (peer), vector ISA {g.get('cpu_isa', '?')} (gpulane) / "
+        f"{s.get('cpu_isa', '?')} (peer), batch 32, length-sorted, median of "
         f"{len((g.get('results') or s.get('results') or [{}])[0].get('seconds', []))} runs after a warm-up. "
         f"Peer: {s.get('peer', '?')}.",
         "",

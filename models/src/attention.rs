@@ -1,4 +1,4 @@
-//! Attention for one sequence on AVX-512 CPUs, through the dense kernel's tiles
+//! Attention for one sequence on AVX2 and AVX-512 CPUs, through the dense kernel's tiles
 //! ([`dense::panel`]): Kᵀ and V of each K/V head are laid out once as 32-column panels,
 //! then every query block is two panel products and a softmax.
 //!
@@ -16,7 +16,7 @@ use crate::{
     kernels::{softmax_row, Heads},
 };
 
-/// Query rows per block: four of the dense kernel's 12-row tiles. Under a causal mask a
+/// Query rows per block: four of the dense kernel's 12-row AVX-512 tiles (eight AVX2 ones). Under a causal mask a
 /// block is scored against the keys up to its last row only: a 256-token row computes
 /// 59% of the full square.
 const BLOCK: usize = 48;
@@ -30,7 +30,7 @@ pub(crate) struct Scratch {
     pub(crate) scores: Vec<f32>,
 }
 
-/// Whether this CPU runs [`sequence`] (the dense kernel's AVX-512 test).
+/// Whether this CPU runs [`sequence`] (the dense kernel's test).
 pub(crate) fn runs_here() -> bool {
     dense::runs_here()
 }
@@ -47,7 +47,7 @@ pub(crate) fn sequence(
     out: &mut [f32],
     scratch: &mut Scratch,
 ) {
-    assert!(runs_here(), "AVX-512 attention on a CPU without AVX-512");
+    assert!(runs_here(), "panel attention on a CPU without AVX2");
     let Heads { q: nq, kv: nkv, d } = heads;
     let (h, row) = (nq * d, heads.qkv_width());
     assert_eq!(qkv.len(), len * row, "qkv is not [{len}, {row}]");

@@ -1,5 +1,5 @@
-//! f32 dense layers on AVX-512 CPUs: `epi(x · w)` on weights packed once at load, with the
-//! bias (and GELU) applied as each output is stored.
+//! f32 dense layers on AVX2 and AVX-512 CPUs: `epi(x · w)` on weights packed once at load,
+//! with the bias (and GELU) applied as each output is stored.
 //!
 //! Why not candle's matmul here: through candle, a dense layer is a `gemm` call that packs
 //! the weight's panels again on every call, then a second pass over the output for the
@@ -10,10 +10,16 @@
 //! rows read in place were a new 4 KiB page every 128 bytes, and measured 2.4x slower
 //! than candle once the weights no longer sat in cache). Sums run over the inner
 //! dimension in order with fused multiply-adds; outputs agree with candle's to rounding.
+//! AVX-512 tiles are 12 rows by the whole panel; AVX2, with half the registers of half the
+//! width, takes each panel as two 16-column halves in tiles of 6 rows (the usual 6×16
+//! AVX2 register tile), on the same packing.
 
 use rayon::prelude::*;
 
-use crate::kernels::gelu;
+use crate::{
+    isa::{cpu_isa, CpuIsa},
+    kernels::gelu,
+};
 
 /// What a dense kernel does to each output before it stores it: the layer's bias, and
 /// GELU after it (BERT's feed-forward input), so neither costs another pass.
@@ -45,8 +51,8 @@ impl<'a> Epilogue<'a> {
 
 /// Output columns per tile: two 512-bit registers.
 pub(crate) const NR: usize = 32;
-/// Rows per tile at most: 2 × 12 accumulators, two weight vectors and a broadcast fit
-/// AVX-512's 32 registers.
+/// Rows per AVX-512 tile at most: 2 × 12 accumulators, two weight vectors and a broadcast
+/// fit AVX-512's 32 registers.
 const MR: usize = 12;
 /// How far ahead, in inner-dimension steps (128 bytes each), a tile asks for its panel:
 /// 3 KiB. A model's 24 weights cycle through the cache, so each panel is read from L3 or
@@ -58,17 +64,29 @@ const PREFETCH: usize = 24;
 /// them all.
 const ROWS_PER_TASK: usize = 8 * MR;
 
-/// Whether this CPU runs the kernel (checked once). Elsewhere candle's matmul serves.
+/// Whether the kernel runs on this CPU (AVX2 with FMA at least, under `--cpu-isa`).
+/// Elsewhere candle's matmul serves.
 pub(crate) fn runs_here() -> bool {
+    cpu_isa() >= CpuIsa::Avx2
+}
+
+/// The tile loop for a level [`runs_here`] allowed.
+fn panel_fn(isa: CpuIsa) -> unsafe fn(Panel) {
     #[cfg(target_arch = "x86_64")]
     {
-        static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVX512.get_or_init(|| std::is_x86_feature_detected!("avx512f"))
+        assert!(
+            isa >= CpuIsa::Avx2 && isa <= CpuIsa::detected(),
+            "the f32 dense kernel at {isa:?} on a CPU with {:?}",
+            CpuIsa::detected()
+        );
+        if isa >= CpuIsa::Avx512 {
+            avx512::panel
+        } else {
+            avx2::panel
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    unreachable!("the f32 dense kernel off x86-64 ({isa:?})")
 }
 
 /// A dense layer's f32 weight, packed for [`PackedLinear::forward`].
@@ -121,11 +139,13 @@ impl PackedLinear {
     /// `epi(x · w)` for `x` row-major `[m, k]`; returns `[m, n]` row-major. Panics where
     /// [`runs_here`] is false: callers check it before packing.
     pub(crate) fn forward(&self, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
+        self.forward_on(cpu_isa(), x, m, epi)
+    }
+
+    /// [`forward`](Self::forward) on the route of `isa` (tests run each one the CPU has).
+    fn forward_on(&self, isa: CpuIsa, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
         let (k, n) = (self.k, self.n);
-        assert!(
-            runs_here(),
-            "the AVX-512 dense kernel on a CPU without AVX-512"
-        );
+        let panel = panel_fn(isa);
         assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
         if let Some(b) = epi.bias() {
             assert_eq!(b.len(), n, "bias is not [{n}]");
@@ -146,13 +166,26 @@ impl PackedLinear {
         (0..row_tasks * col_groups).into_par_iter().for_each(|t| {
             let (rt, g) = (t / col_groups, t % col_groups);
             let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
-            let cols = g * per_group..((g + 1) * per_group).min(panels);
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `runs_here` checked AVX-512 F; the task writes only its own rows ×
-            // panels of `y`, which holds m × n.
-            unsafe {
-                avx512::task(self, x, rows, cols, epi, out)
-            };
+            for p in g * per_group..((g + 1) * per_group).min(panels) {
+                let c0 = p * NR;
+                // SAFETY: `panel_fn` checked the CPU has the route's features; the task
+                // writes only its own rows × panels of `y`, which holds m × n, and reads
+                // rows of `x` and one panel of the packing, both in bounds.
+                unsafe {
+                    panel(Panel {
+                        x: x.as_ptr().add(rows.start * k),
+                        lda: k,
+                        rows: rows.len(),
+                        k,
+                        w: self.packed.as_ptr().add(p * k * NR),
+                        y: out.at(rows.start * n + c0),
+                        ldy: n,
+                        live: (n - c0).min(NR),
+                        c0,
+                        epi,
+                    })
+                };
+            }
         });
         // SAFETY: the tasks cover every row and every panel once, and each tile stores
         // every real column of its panel.
@@ -187,10 +220,7 @@ pub(crate) struct Panel<'a> {
 /// writable at `r·ldy + c'`, for every r < rows, i < k, c < 32 and c' < live; `y`
 /// aliases neither.
 pub(crate) unsafe fn panel(p: Panel) {
-    #[cfg(target_arch = "x86_64")]
-    avx512::panel(p);
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("the AVX-512 dense kernel off x86-64 ({p:?})");
+    panel_fn(cpu_isa())(p)
 }
 
 /// The output buffer, shared by tasks that write disjoint tiles of it.
@@ -200,40 +230,21 @@ struct Dst(*mut f32);
 unsafe impl Send for Dst {}
 unsafe impl Sync for Dst {}
 
+impl Dst {
+    /// Element `i` (a method, so closures capture the `Dst`, not its raw pointer).
+    ///
+    /// # Safety
+    /// `i` is within the buffer.
+    unsafe fn at(self, i: usize) -> *mut f32 {
+        self.0.add(i)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
-    use std::ops::Range;
 
-    use super::{Dst, Epilogue, PackedLinear, Panel, MR, NR, PREFETCH};
-
-    /// Rows `rows` × panels `cols`, panel by panel (see [`panel`]).
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn task(
-        l: &PackedLinear,
-        x: &[f32],
-        rows: Range<usize>,
-        cols: Range<usize>,
-        epi: Epilogue,
-        y: Dst,
-    ) {
-        let (k, n) = (l.k, l.n);
-        for p in cols {
-            let c0 = p * NR;
-            panel(Panel {
-                x: x.as_ptr().add(rows.start * k),
-                lda: k,
-                rows: rows.len(),
-                k,
-                w: l.packed.as_ptr().add(p * k * NR),
-                y: y.0.add(rows.start * n + c0),
-                ldy: n,
-                live: (n - c0).min(NR),
-                c0,
-                epi,
-            });
-        }
-    }
+    use super::{Epilogue, Panel, MR, NR, PREFETCH};
 
     /// [`super::panel`]: the rows in near-equal tiles of at most [`MR`] (25 rows are
     /// 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache after the first.
@@ -338,6 +349,153 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Epilogue, Panel, NR, PREFETCH};
+
+    /// Rows per tile at most: 2 × 6 accumulators, two weight vectors and a broadcast fit
+    /// AVX2's 16 registers.
+    const MR: usize = 6;
+
+    /// [`super::panel`]: each 16-column half of the panel in turn (a half with no real
+    /// column is skipped), its rows in near-equal tiles of at most [`MR`], each reading
+    /// the half from cache after the first.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn panel(p: Panel) {
+        let Panel {
+            x,
+            lda,
+            rows,
+            k,
+            w,
+            y,
+            ldy,
+            live,
+            c0,
+            epi,
+        } = p;
+        for h in 0..live.div_ceil(16) {
+            let half = Half {
+                w: w.add(16 * h),
+                live: [
+                    (live - 16 * h).min(8),
+                    (live - 16 * h).saturating_sub(8).min(8),
+                ],
+                c0: c0 + 16 * h,
+            };
+            let tiles = rows.div_ceil(MR);
+            let mut r = 0;
+            for t in 0..tiles {
+                let mr = (rows - r).div_ceil(tiles - t);
+                let a = x.add(r * lda);
+                let d = y.add(r * ldy + 16 * h);
+                macro_rules! tile {
+                    ($($r:literal)*) => {
+                        match mr {
+                            $($r => tile::<$r>(a, lda, k, ldy, d, half, epi),)*
+                            _ => unreachable!("a tile of {mr} rows"),
+                        }
+                    };
+                }
+                tile!(1 2 3 4 5 6);
+                r += mr;
+            }
+        }
+    }
+
+    /// One 16-column half of a panel: its first weight (row stride [`NR`]), its real
+    /// columns in each of its two 8-lane registers, and its first output column.
+    #[derive(Clone, Copy)]
+    struct Half {
+        w: *const f32,
+        live: [usize; 2],
+        c0: usize,
+    }
+
+    /// The first `live` of 8 lanes, as `maskload`/`maskstore` take them.
+    #[target_feature(enable = "avx2")]
+    unsafe fn mask(live: usize) -> __m256i {
+        _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(live as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        )
+    }
+
+    /// The first `live` of 8 floats at `p` (mask `m`), zeros after them.
+    #[target_feature(enable = "avx2")]
+    unsafe fn load(p: *const f32, live: usize, m: __m256i) -> __m256 {
+        if live == 8 {
+            _mm256_loadu_ps(p)
+        } else {
+            _mm256_maskload_ps(p, m)
+        }
+    }
+
+    /// One `R`-row by 16-column tile over the whole inner dimension: `x` rows `lda`
+    /// apart, `y` rows `ldy` apart; a register's columns past its `live` are neither read
+    /// from the bias nor stored.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const R: usize>(
+        x: *const f32,
+        lda: usize,
+        k: usize,
+        ldy: usize,
+        y: *mut f32,
+        half: Half,
+        epi: Epilogue,
+    ) {
+        let mut lo = [_mm256_setzero_ps(); R];
+        let mut hi = [_mm256_setzero_ps(); R];
+        for i in 0..k {
+            let wp = half.w.add(i * NR);
+            let w0 = _mm256_loadu_ps(wp);
+            let w1 = _mm256_loadu_ps(wp.add(8));
+            // Both ends of the half 3 KiB ahead: unaligned, it may span two lines.
+            // `wrapping_add`: a prefetch may point past the buffer, `add` may not.
+            let ahead = wp.wrapping_add(PREFETCH * NR);
+            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(15) as *const i8);
+            for r in 0..R {
+                let a = _mm256_broadcast_ss(&*x.add(r * lda + i));
+                lo[r] = _mm256_fmadd_ps(a, w0, lo[r]);
+                hi[r] = _mm256_fmadd_ps(a, w1, hi[r]);
+            }
+        }
+        for r in 0..R {
+            for (j, acc) in [lo[r], hi[r]].into_iter().enumerate() {
+                let live = half.live[j];
+                if live == 0 {
+                    continue;
+                }
+                let m = mask(live);
+                let c = half.c0 + 8 * j;
+                let v = match epi {
+                    Epilogue::None => acc,
+                    Epilogue::Bias(b) => _mm256_add_ps(acc, load(b.as_ptr().add(c), live, m)),
+                    Epilogue::BiasGelu(b) => {
+                        let v = _mm256_add_ps(acc, load(b.as_ptr().add(c), live, m));
+                        let mut lanes = [0f32; 8];
+                        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+                        // Eight at once: the compiler vectorizes the erf polynomial.
+                        for v in &mut lanes {
+                            *v = super::gelu(*v);
+                        }
+                        _mm256_loadu_ps(lanes.as_ptr())
+                    }
+                };
+                let out = y.add(r * ldy + 8 * j);
+                if live == 8 {
+                    _mm256_storeu_ps(out, v);
+                } else {
+                    _mm256_maskstore_ps(out, m, v);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -363,22 +521,29 @@ pub(crate) mod tests {
         y
     }
 
-    /// Whether the kernel can be held to anything here; without AVX-512 candle's matmul
-    /// serves f32 and these tests have nothing to run.
-    fn skip() -> bool {
-        if !runs_here() {
-            eprintln!("no AVX-512 on this CPU: the f32 dense kernel does not run here");
+    /// The kernel's routes this CPU runs (AVX2, and AVX-512 where it has it); none without
+    /// AVX2, where candle's matmul serves f32 and these tests have nothing to run.
+    pub(crate) fn routes() -> Vec<CpuIsa> {
+        let routes: Vec<CpuIsa> = [CpuIsa::Avx2, CpuIsa::Avx512]
+            .into_iter()
+            .filter(|&isa| isa <= CpuIsa::detected())
+            .collect();
+        if routes.is_empty() {
+            eprintln!("no AVX2 on this CPU: the f32 dense kernel does not run here");
         }
-        !runs_here()
+        routes
     }
 
     /// Every shape edge: rows not a multiple of a tile or of a task (and more rows than
     /// one task), outputs not a multiple of a panel or of a register, odd inputs.
     #[test]
     fn matches_the_product_on_every_edge() {
-        if skip() {
-            return;
+        for isa in routes() {
+            matches_the_product_on(isa);
         }
+    }
+
+    fn matches_the_product_on(isa: CpuIsa) {
         let mut seed = 11;
         for &(m, k, n) in &[
             (1, 1, 1),
@@ -392,12 +557,15 @@ pub(crate) mod tests {
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
             let w: Vec<f32> = (0..k * n).map(|_| lcg(&mut seed)).collect();
             let want = reference(&x, &w, m, k, n);
-            let got = PackedLinear::new(&w, k, n).forward(&x, m, Epilogue::None);
+            let got = PackedLinear::new(&w, k, n).forward_on(isa, &x, m, Epilogue::None);
             assert_eq!(got.len(), m * n);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 // f32 sums of k products of values in [-1, 1]: rounding grows with k.
                 let tol = 1e-6 * (k as f32).sqrt() * 8.0 + 1e-6;
-                assert!((g - w).abs() <= tol, "{m}x{k}x{n} at {i}: {g} vs {w}");
+                assert!(
+                    (g - w).abs() <= tol,
+                    "{isa:?} {m}x{k}x{n} at {i}: {g} vs {w}"
+                );
             }
         }
     }
@@ -406,21 +574,27 @@ pub(crate) mod tests {
     /// the partly filled last panel included.
     #[test]
     fn epilogues_match_the_product_then_bias_and_gelu() {
-        if skip() {
-            return;
+        for isa in routes() {
+            epilogues_match_on(isa);
         }
+    }
+
+    fn epilogues_match_on(isa: CpuIsa) {
         let (m, k, n) = (14, 24, 45);
         let mut seed = 5;
         let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
         let w: Vec<f32> = (0..k * n).map(|_| lcg(&mut seed)).collect();
         let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
         let l = PackedLinear::new(&w, k, n);
-        let plain = l.forward(&x, m, Epilogue::None);
+        let plain = l.forward_on(isa, &x, m, Epilogue::None);
         for epi in [Epilogue::Bias(&b), Epilogue::BiasGelu(&b)] {
-            let got = l.forward(&x, m, epi);
+            let got = l.forward_on(isa, &x, m, epi);
             for (i, g) in got.iter().enumerate() {
                 let want = epi.apply(plain[i], i % n);
-                assert!((g - want).abs() <= 1e-6, "{epi:?} at {i}: {g} vs {want}");
+                assert!(
+                    (g - want).abs() <= 1e-6,
+                    "{isa:?} {epi:?} at {i}: {g} vs {want}"
+                );
             }
         }
     }

@@ -359,8 +359,8 @@ impl Engine {
                 ),
             });
         }
-        if opts.int8 && !crate::int8::vnni() {
-            tracing::warn!(model = name, "int8 on a CPU without AVX-512 VNNI runs the portable kernel, which is not tuned: f32 may be faster here");
+        if opts.int8 && !crate::int8::tuned() {
+            tracing::warn!(model = name, "int8 on a CPU without AVX2 runs the portable kernel, which is not tuned: f32 may be faster here");
         }
         let device = device.open()?;
         let rows = opts.batch_rows.unwrap_or(MAX_BATCH_ROWS).max(1);

@@ -95,15 +95,12 @@ macro_rules! dispatch {
                 unsafe fn wide($($arg: $ty),*) {
                     $body($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
+                let isa = crate::isa::cpu_isa();
+                if isa >= crate::isa::CpuIsa::Avx512 {
                     // SAFETY: the CPU has the features `widest` was compiled for.
                     return unsafe { widest($($arg),*) };
                 }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
+                if isa >= crate::isa::CpuIsa::Avx2 {
                     // SAFETY: the CPU has the features `wide` was compiled for.
                     return unsafe { wide($($arg),*) };
                 }
@@ -454,7 +451,7 @@ dispatch!(softmax_row_auto, softmax_body, (x: &mut [f32]));
 /// passage's time in int8), else the auto-vectorized body.
 pub(crate) fn softmax_row(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
+    if crate::isa::cpu_isa() >= crate::isa::CpuIsa::Avx512 {
         // SAFETY: the CPU has AVX-512 F.
         return unsafe { avx512::softmax_row(x) };
     }

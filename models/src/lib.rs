@@ -19,6 +19,7 @@ mod encoder;
 mod engine;
 mod error;
 mod int8;
+mod isa;
 mod kernel_check;
 mod kernels;
 mod model_dir;
@@ -39,6 +40,7 @@ pub use crate::{
         DeviceMemory, Engine, EngineDevice, EngineLife, EngineLoad, EngineOptions, ModelKind,
     },
     error::ModelError,
+    isa::{cap_cpu_isa, cpu_isa, CpuIsa},
     kernel_check::{check_kernels, KernelCheck},
     model_dir::{self_name, ModelIdentity},
     pooling::Pooling,

@@ -325,6 +325,8 @@ struct Report<'a> {
     model_path: String,
     gpulane_version: &'static str,
     threads: usize,
+    /// The widest vector extension gpulane's CPU kernels used (`--cpu-isa`, capped).
+    cpu_isa: &'static str,
     results: &'a [Measurement],
 }
 
@@ -399,6 +401,7 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
     tracing::info!(model = %spec.name, path = %spec.path.display(), texts = texts.len(),
         devices = ?targets.iter().map(|t| t.label.as_str()).collect::<Vec<_>>(),
         batch_rows = ?args.batch_rows, repeat = args.repeat, warmup = args.warmup, threads,
+        cpu_isa = gpulane_models::cpu_isa().as_str(),
         "benchmark");
 
     let mut results: Vec<Measurement> = Vec::new();
@@ -526,6 +529,7 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), RuntimeError> {
             model_path: spec.path.display().to_string(),
             gpulane_version: env!("CARGO_PKG_VERSION"),
             threads,
+            cpu_isa: gpulane_models::cpu_isa().as_str(),
             results: &results,
         };
         let mut bytes = serde_json::to_vec_pretty(&report)

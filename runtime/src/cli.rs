@@ -8,6 +8,11 @@ use crate::{
 
 /// Runs a parsed command line to completion.
 pub async fn run_cli(cli: Cli) -> Result<(), RuntimeError> {
+    // Before any model loads: f32 layers are packed for the route the level allows.
+    if let Some(cap) = cli.cpu_isa.cap() {
+        gpulane_models::cap_cpu_isa(cap);
+    }
+    tracing::debug!(cpu_isa = gpulane_models::cpu_isa().as_str(), "CPU kernels");
     match cli.command {
         Command::Run(args) => supervisor::run(*args).await,
         Command::Devices(args) => {

@@ -20,6 +20,39 @@ pub struct Cli {
     /// cgroup quotas and CPU affinity included.
     #[arg(long, global = true, env = "GPULANE_CPU_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
     pub cpu_threads: Option<u16>,
+
+    /// The widest vector extension gpulane's CPU kernels may use: auto (what the CPU has),
+    /// avx512, avx2 or baseline. Lower levels run the narrower routes on a wider CPU: to
+    /// test or measure what an AVX2-only CPU gets, or to step around a route that
+    /// misbehaves. candle's matmul keeps its own detection.
+    #[arg(long, global = true, env = "GPULANE_CPU_ISA", value_enum, default_value_t = CpuIsaArg::Auto)]
+    pub cpu_isa: CpuIsaArg,
+}
+
+/// `--cpu-isa`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CpuIsaArg {
+    /// What the CPU has.
+    Auto,
+    /// AVX-512 at most (VNNI included where the CPU has it).
+    Avx512,
+    /// AVX2 with FMA at most.
+    Avx2,
+    /// The portable routes only.
+    Baseline,
+}
+
+impl CpuIsaArg {
+    /// The cap it sets, if any.
+    pub fn cap(self) -> Option<gpulane_models::CpuIsa> {
+        use gpulane_models::CpuIsa;
+        match self {
+            CpuIsaArg::Auto => None,
+            CpuIsaArg::Avx512 => Some(CpuIsa::Avx512Vnni),
+            CpuIsaArg::Avx2 => Some(CpuIsa::Avx2),
+            CpuIsaArg::Baseline => Some(CpuIsa::Baseline),
+        }
+    }
 }
 
 /// The subcommands.

@@ -1,0 +1,103 @@
+//! Which x86 vector extensions the CPU kernels may use: what the CPU has, capped by the
+//! operator (`--cpu-isa`).
+//!
+//! Why a cap: the kernels pick their widest route at run time, so on an AVX-512 machine
+//! (this project's CI and benchmark hosts) the AVX2 and portable routes would never run
+//! end to end. Capping the process runs them there, for tests against the fixtures and for
+//! benchmarks of what an AVX2-only CPU (AMD Zen 2/3, most desktops) gets; in production it
+//! is also the way out should a wide route misbehave on some CPU. `gemm`, under candle's
+//! matmul, keeps its own detection: the cap covers gpulane's kernels only.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// A level of x86 vector support, each including the ones below it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CpuIsa {
+    /// No wide vectors assumed: the portable, auto-vectorized bodies (SSE2 on x86-64).
+    Baseline,
+    /// AVX2 with FMA: 256-bit registers, 16 of them.
+    Avx2,
+    /// AVX-512 F: 512-bit registers, 32 of them.
+    Avx512,
+    /// AVX-512 F, BW and VNNI: the int8 kernel's `vpdpbusd`.
+    Avx512Vnni,
+}
+
+impl CpuIsa {
+    /// Its name, as `--cpu-isa` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CpuIsa::Baseline => "baseline",
+            CpuIsa::Avx2 => "avx2",
+            CpuIsa::Avx512 => "avx512",
+            CpuIsa::Avx512Vnni => "avx512-vnni",
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => CpuIsa::Baseline,
+            1 => CpuIsa::Avx2,
+            2 => CpuIsa::Avx512,
+            _ => CpuIsa::Avx512Vnni,
+        }
+    }
+
+    /// What this CPU has (checked once).
+    pub fn detected() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static HAS: std::sync::OnceLock<CpuIsa> = std::sync::OnceLock::new();
+            *HAS.get_or_init(|| {
+                use std::arch::is_x86_feature_detected as has;
+                if !(has!("avx2") && has!("fma")) {
+                    CpuIsa::Baseline
+                } else if !has!("avx512f") {
+                    CpuIsa::Avx2
+                } else if has!("avx512bw") && has!("avx512vnni") {
+                    CpuIsa::Avx512Vnni
+                } else {
+                    CpuIsa::Avx512
+                }
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            CpuIsa::Baseline
+        }
+    }
+}
+
+/// The cap, as a `CpuIsa` discriminant; none until [`cap_cpu_isa`] is called.
+static CAP: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Keeps the CPU kernels at or below `cap` from now on. Call it before loading models:
+/// f32 layers are packed at load for the route the level then allows.
+pub fn cap_cpu_isa(cap: CpuIsa) {
+    CAP.store(cap as u8, Ordering::Relaxed);
+}
+
+/// What the kernels may use: the CPU's level, capped.
+pub fn cpu_isa() -> CpuIsa {
+    CpuIsa::detected().min(CpuIsa::from_u8(CAP.load(Ordering::Relaxed)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_round_trip_and_order() {
+        for isa in [
+            CpuIsa::Baseline,
+            CpuIsa::Avx2,
+            CpuIsa::Avx512,
+            CpuIsa::Avx512Vnni,
+        ] {
+            assert_eq!(CpuIsa::from_u8(isa as u8), isa);
+        }
+        assert!(CpuIsa::Baseline < CpuIsa::Avx2 && CpuIsa::Avx512 < CpuIsa::Avx512Vnni);
+        // No cap set in this test binary: the level is the CPU's.
+        assert_eq!(cpu_isa(), CpuIsa::detected());
+    }
+}
