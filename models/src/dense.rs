@@ -364,37 +364,23 @@ mod avx2 {
     /// the half from cache after the first.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn panel(p: Panel) {
-        let Panel {
-            x,
-            lda,
-            rows,
-            k,
-            w,
-            y,
-            ldy,
-            live,
-            c0,
-            epi,
-        } = p;
-        for h in 0..live.div_ceil(16) {
+        for h in 0..p.live.div_ceil(16) {
+            let left = p.live - 16 * h;
             let half = Half {
-                w: w.add(16 * h),
-                live: [
-                    (live - 16 * h).min(8),
-                    (live - 16 * h).saturating_sub(8).min(8),
-                ],
-                c0: c0 + 16 * h,
+                w: p.w.add(16 * h),
+                live: [left.min(8), left.saturating_sub(8).min(8)],
+                c0: p.c0 + 16 * h,
             };
-            let tiles = rows.div_ceil(MR);
+            let tiles = p.rows.div_ceil(MR);
             let mut r = 0;
             for t in 0..tiles {
-                let mr = (rows - r).div_ceil(tiles - t);
-                let a = x.add(r * lda);
-                let d = y.add(r * ldy + 16 * h);
+                let mr = (p.rows - r).div_ceil(tiles - t);
+                let a = p.x.add(r * p.lda);
+                let d = p.y.add(r * p.ldy + 16 * h);
                 macro_rules! tile {
                     ($($r:literal)*) => {
                         match mr {
-                            $($r => tile::<$r>(a, lda, k, ldy, d, half, epi),)*
+                            $($r => tile::<$r>(a, p.lda, p.k, p.ldy, d, half, p.epi),)*
                             _ => unreachable!("a tile of {mr} rows"),
                         }
                     };

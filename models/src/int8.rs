@@ -139,8 +139,8 @@ impl QuantLinear {
     }
 
     /// The product of quantized rows on the route of `isa`: VNNI, AVX2 (its integer sums
-    /// are exact, like VNNI's, so the two agree with the portable route bit for bit before
-    /// GELU), or portable.
+    /// are exact, like VNNI's, so both agree with the portable route bit for bit), or
+    /// portable.
     fn matmul_on(
         &self,
         isa: CpuIsa,
@@ -156,12 +156,20 @@ impl QuantLinear {
             CpuIsa::detected()
         );
         #[cfg(target_arch = "x86_64")]
-        if isa >= CpuIsa::Avx512Vnni {
-            // SAFETY: the CPU has AVX-512 F, BW and VNNI (asserted above).
-            return unsafe { avx512::matmul(self, qa, sa, rows, y, epi) };
-        } else if isa >= CpuIsa::Avx2 {
-            // SAFETY: the CPU has AVX2 (asserted above).
-            return unsafe { avx2::matmul(self, qa, sa, rows, y, epi) };
+        {
+            let j = &Job {
+                l: self,
+                qa,
+                sa,
+                epi,
+            };
+            if isa >= CpuIsa::Avx512Vnni {
+                // SAFETY: the CPU has AVX-512 F, BW and VNNI (asserted above).
+                return unsafe { avx512::matmul(j, rows, y) };
+            } else if isa >= CpuIsa::Avx2 {
+                // SAFETY: the CPU has AVX2 (asserted above).
+                return unsafe { avx2::matmul(j, rows, y) };
+            }
         }
         self.matmul_portable(qa, sa, rows, y, epi);
     }
@@ -199,6 +207,17 @@ impl QuantLinear {
             }
         }
     }
+}
+
+/// One task's product, for the tiles: the layer, its quantized rows (`A`: u8 as VNNI takes
+/// them, or widened to i16 for AVX2's `vpmaddwd`), their scales and what to do with the
+/// outputs.
+#[cfg(target_arch = "x86_64")]
+struct Job<'a, A> {
+    l: &'a QuantLinear,
+    qa: &'a [A],
+    sa: &'a [RowScale],
+    epi: Epilogue<'a>,
 }
 
 /// One activation row's quantization: `x ≈ scale · (q − zero)`.
@@ -247,7 +266,9 @@ pub(crate) fn tuned() -> bool {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Epilogue, Out, QuantLinear, RowScale, PANEL};
+    use super::{Epilogue, Out, RowScale, PANEL};
+
+    type Job<'a> = super::Job<'a, u8>;
 
     /// Rows per register tile; with three panels that is 24 accumulators of 32 registers.
     const MR: usize = 8;
@@ -287,25 +308,10 @@ mod avx512 {
         rs
     }
 
-    /// One task's product: the layer, its quantized rows and what to do with the outputs.
-    struct Job<'a> {
-        l: &'a QuantLinear,
-        qa: &'a [u8],
-        sa: &'a [RowScale],
-        epi: Epilogue<'a>,
-    }
-
     /// `y = epi(dequant(qa · packedᵀ))` for `rows` quantized rows, tile by tile.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn matmul(
-        l: &QuantLinear,
-        qa: &[u8],
-        sa: &[RowScale],
-        rows: usize,
-        y: &mut [Out],
-        epi: Epilogue,
-    ) {
-        let j = &Job { l, qa, sa, epi };
+    pub(super) unsafe fn matmul(j: &Job, rows: usize, y: &mut [Out]) {
+        let l = j.l;
         let panels = l.n.div_ceil(PANEL);
         let mut p = 0;
         while p < panels {
@@ -419,7 +425,9 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Epilogue, Out, QuantLinear, RowScale, PANEL};
+    use super::{Epilogue, Out, RowScale, PANEL};
+
+    type Job<'a> = super::Job<'a, i16>;
 
     /// Rows per register tile: 2 × 6 accumulators, two weight registers and a broadcast
     /// fit AVX2's 16.
@@ -469,25 +477,11 @@ mod avx2 {
         rs
     }
 
-    /// One task's product (see `avx512::Job`), its rows widened to i16 for `vpmaddwd`.
-    struct Job<'a> {
-        l: &'a QuantLinear,
-        qa: &'a [i16],
-        sa: &'a [RowScale],
-        epi: Epilogue<'a>,
-    }
-
     /// `y = epi(dequant(qa · packedᵀ))` for `rows` quantized rows: each panel's two
     /// 8-column halves in turn, the rows in near-equal tiles of at most [`MR`].
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn matmul(
-        l: &QuantLinear,
-        qa: &[u8],
-        sa: &[RowScale],
-        rows: usize,
-        y: &mut [Out],
-        epi: Epilogue,
-    ) {
+    pub(super) unsafe fn matmul(j: &super::Job<u8>, rows: usize, y: &mut [Out]) {
+        let (l, qa) = (j.l, j.qa);
         // Widened once per task: every tile then broadcasts a group's four inputs with
         // one 64-bit load.
         let mut wide = vec![0i16; qa.len()];
@@ -502,8 +496,8 @@ mod avx2 {
         let j = &Job {
             l,
             qa: &wide,
-            sa,
-            epi,
+            sa: j.sa,
+            epi: j.epi,
         };
         let tiles = rows.div_ceil(MR);
         for p in 0..l.n.div_ceil(PANEL) {
