@@ -21,10 +21,20 @@ MOTO_SERVER = ROOT / ".venv" / "bin" / "moto_server"
 FIXTURES = pathlib.Path(os.environ.get("GPULANE_FIXTURES", ROOT / "tests" / "fixtures"))
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, never one this process has handed out before: the
+    kernel may give a just-closed port back at once, and a dev server started with the same
+    port for gRPC and HTTP fails to bind (seen in CI: `address already in use`)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_port(port: int, deadline: float) -> None:
