@@ -400,15 +400,6 @@ mod avx2 {
         c0: usize,
     }
 
-    /// The first `live` of 8 lanes, as `maskload`/`maskstore` take them.
-    #[target_feature(enable = "avx2")]
-    unsafe fn mask(live: usize) -> __m256i {
-        _mm256_cmpgt_epi32(
-            _mm256_set1_epi32(live as i32),
-            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        )
-    }
-
     /// The first `live` of 8 floats at `p` (mask `m`), zeros after them.
     #[target_feature(enable = "avx2")]
     unsafe fn load(p: *const f32, live: usize, m: __m256i) -> __m256 {
@@ -455,7 +446,7 @@ mod avx2 {
                 if live == 0 {
                     continue;
                 }
-                let m = mask(live);
+                let m = crate::isa::avx2_lanes(live);
                 let c = half.c0 + 8 * j;
                 let v = match epi {
                     Epilogue::None => acc,

@@ -553,10 +553,7 @@ mod avx2 {
         let c0 = p * PANEL + 8 * h;
         // Only the real columns of a partly padded last panel are read and written.
         let live = (l.n - c0).min(8);
-        let mask = _mm256_cmpgt_epi32(
-            _mm256_set1_epi32(live as i32),
-            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        );
+        let mask = crate::isa::avx2_lanes(live);
         let sum = _mm256_maskload_epi32(l.sum.as_ptr().add(c0), mask);
         let scale = _mm256_maskload_ps(l.scale.as_ptr().add(c0), mask);
         let bias = match epi.bias() {

@@ -82,6 +82,19 @@ pub fn cpu_isa() -> CpuIsa {
     CpuIsa::detected().min(CpuIsa::from_u8(CAP.load(Ordering::Relaxed)))
 }
 
+/// The first `live` of 8 i32/f32 lanes set (all eight if `live` ≥ 8), as AVX2's
+/// `maskload`/`maskstore` take them: AVX2 has no mask registers, so every AVX2 route's
+/// partial vectors (a row's tail, a panel's last columns) go through this.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) fn avx2_lanes(live: usize) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(live.min(8) as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,23 +55,32 @@ pub(crate) fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
+/// ln 2 split in two for [`exp`]'s Cody-Waite reduction (`HI` exact in few bits, so
+/// `n · HI` is exact), shared with the vector copies.
+const LN2_HI: f32 = 0.693_359_4;
+const LN2_LO: f32 = -2.121_944_4e-4;
+/// e^r's Taylor coefficients on the reduced range, highest degree first (Horner order).
+const EXP_POLY: [f32; 7] = [
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+    1.0,
+];
+
 /// e^x for x ≤ ~88 (softmax feeds it x − max ≤ 0): Cody-Waite reduction to
 /// r ∈ [−ln2/2, ln2/2] and a degree-6 polynomial; relative error ~2e-7.
 #[inline(always)]
 fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + 0.5).floor();
+    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
     let r = x - n * LN2_HI - n * LN2_LO;
-    let mut p = 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    let mut p = EXP_POLY[0];
+    for c in &EXP_POLY[1..] {
+        p = p * r + c;
+    }
     // 2^n by building the float's exponent field; n ∈ [−126, 127] after the clamp.
     p * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
@@ -446,9 +455,10 @@ fn softmax_body(x: &mut [f32]) {
 }
 
 /// One attention row's softmax, in place, on the CPU's widest route: intrinsics on
-/// AVX-512 and AVX2 (the compiler leaves [`softmax_body`]'s `exp` scalar even when built
-/// for them; softmax was a quarter of a long passage's time in int8 on AVX-512 and 9% of
-/// f32 on AVX2), else the plain body.
+/// AVX-512 and AVX2, else the plain body. Built for AVX2, the body vectorizes the
+/// reduction and polynomial but turns `n` into 2^n one lane at a time (eight
+/// `vcvttss2si` per vector, for the saturating `as i32`); softmax was a quarter of a long
+/// passage's time in int8 on AVX-512 and 9% of f32 on AVX2.
 pub(crate) fn softmax_row(x: &mut [f32]) {
     softmax_row_on(crate::isa::cpu_isa(), x)
 }
@@ -475,15 +485,12 @@ fn softmax_row_on(isa: crate::isa::CpuIsa, x: &mut [f32]) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// All-ones in each lane of `i..i + 8` that lies inside a row of `n`: AVX2 has no mask
-    /// registers, so `maskload`/`maskstore` take a vector.
+    use super::{EXP_POLY, LN2_HI, LN2_LO};
+
+    /// The lanes of `i..i + 8` that lie inside a row of `n`.
     #[target_feature(enable = "avx2")]
     fn live(n: usize, i: usize) -> __m256i {
-        let left = (n - i).min(8) as i32;
-        _mm256_cmpgt_epi32(
-            _mm256_set1_epi32(left),
-            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-        )
+        crate::isa::avx2_lanes(n - i)
     }
 
     /// [`super::exp`], eight at a time: the same clamp, reduction and polynomial, and 2^n
@@ -498,10 +505,10 @@ mod avx2 {
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_set1_ps(1.0 / 720.0);
-        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let mut p = _mm256_set1_ps(EXP_POLY[0]);
+        for &c in &EXP_POLY[1..] {
             p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
         }
         let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
@@ -553,6 +560,8 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
+    use super::{EXP_POLY, LN2_HI, LN2_LO};
+
     /// Lanes `i..` that exist in a row of `n`.
     #[inline(always)]
     fn live(n: usize, i: usize) -> __mmask16 {
@@ -576,10 +585,10 @@ mod avx512 {
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm512_set1_ps(1.0 / 720.0);
-        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_set1_ps(EXP_POLY[0]);
+        for &c in &EXP_POLY[1..] {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
         _mm512_scalef_ps(p, n)
