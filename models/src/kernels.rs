@@ -523,35 +523,48 @@ mod avx2 {
         _mm_cvtss_f32(f(v, _mm_shuffle_ps::<0b01>(v, v)))
     }
 
+    /// Full vectors load and store plainly and only a row's last partial vector takes
+    /// the masks: on Zen 2 and 3 a masked 256-bit store (`vmaskmovps`) is microcoded, and
+    /// masking every vector left this at 8.6% of a long f32 run on a Zen 3.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn softmax_row(x: &mut [f32]) {
         let (n, p) = (x.len(), x.as_mut_ptr());
+        let full = n / 8 * 8;
+        let tail = (full < n).then(|| live(n, full));
         let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
         let mut max = ninf;
-        for i in (0..n).step_by(8) {
-            let m = live(n, i);
+        for i in (0..full).step_by(8) {
+            max = _mm256_max_ps(max, _mm256_loadu_ps(p.add(i)));
+        }
+        if let Some(m) = tail {
             // Lanes past the row's end load 0; −∞ keeps them out of the max.
             let v = _mm256_blendv_ps(
                 ninf,
-                _mm256_maskload_ps(p.add(i), m),
+                _mm256_maskload_ps(p.add(full), m),
                 _mm256_castsi256_ps(m),
             );
             max = _mm256_max_ps(max, v);
         }
         let max = _mm256_set1_ps(fold(max, |a, b| _mm_max_ps(a, b)));
         let mut sum = _mm256_setzero_ps();
-        for i in (0..n).step_by(8) {
-            let m = live(n, i);
-            let e = exp8(_mm256_sub_ps(_mm256_maskload_ps(p.add(i), m), max));
+        for i in (0..full).step_by(8) {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), max));
+            sum = _mm256_add_ps(sum, e);
+            _mm256_storeu_ps(p.add(i), e);
+        }
+        if let Some(m) = tail {
+            let e = exp8(_mm256_sub_ps(_mm256_maskload_ps(p.add(full), m), max));
             // e^(0 − max) in the lanes past the end must not reach the sum.
             sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
-            _mm256_maskstore_ps(p.add(i), m, e);
+            _mm256_maskstore_ps(p.add(full), m, e);
         }
         let inv = _mm256_set1_ps(1.0 / fold(sum, |a, b| _mm_add_ps(a, b)));
-        for i in (0..n).step_by(8) {
-            let m = live(n, i);
-            let v = _mm256_mul_ps(_mm256_maskload_ps(p.add(i), m), inv);
-            _mm256_maskstore_ps(p.add(i), m, v);
+        for i in (0..full).step_by(8) {
+            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
+        }
+        if let Some(m) = tail {
+            let v = _mm256_mul_ps(_mm256_maskload_ps(p.add(full), m), inv);
+            _mm256_maskstore_ps(p.add(full), m, v);
         }
     }
 }
