@@ -462,12 +462,7 @@ mod avx2 {
                         _mm256_loadu_ps(lanes.as_ptr())
                     }
                 };
-                let out = y.add(r * ldy + 8 * j);
-                if live == 8 {
-                    _mm256_storeu_ps(out, v);
-                } else {
-                    _mm256_maskstore_ps(out, m, v);
-                }
+                crate::isa::avx2_store(y.add(r * ldy + 8 * j), live, v);
             }
         }
     }

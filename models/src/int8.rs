@@ -580,14 +580,7 @@ mod avx2 {
                     _mm256_loadu_ps(lanes.as_ptr())
                 }
             };
-            let out = y.as_mut_ptr().add(row * l.n + c0) as *mut f32;
-            // A masked store only for a partly padded panel: on Zen 2 and 3 it is
-            // microcoded.
-            if live == 8 {
-                _mm256_storeu_ps(out, v);
-            } else {
-                _mm256_maskstore_ps(out, mask, v);
-            }
+            crate::isa::avx2_store(y.as_mut_ptr().add(row * l.n + c0) as *mut f32, live, v);
         }
     }
 }

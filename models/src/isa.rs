@@ -95,6 +95,23 @@ pub(crate) fn avx2_lanes(live: usize) -> std::arch::x86_64::__m256i {
     )
 }
 
+/// Stores the first `live` ≤ 8 lanes of `v` at `p`: a plain store when all eight are
+/// live, a masked one only for a partial vector, since on Zen 2 and 3 a masked 256-bit
+/// store (`vmaskmovps`) is microcoded.
+///
+/// # Safety
+/// `p` is writable for `live` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn avx2_store(p: *mut f32, live: usize, v: std::arch::x86_64::__m256) {
+    use std::arch::x86_64::*;
+    if live >= 8 {
+        _mm256_storeu_ps(p, v);
+    } else {
+        _mm256_maskstore_ps(p, avx2_lanes(live), v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
