@@ -461,8 +461,8 @@ def cmd_report(a):
         lines += ["## gpulane's kernels vs the CPU (gpulane kernel-check)", "",
                   f"{len(kc['checks']) - len(bad)} of {len(kc['checks'])} checks within bounds.", ""]
         if bad:
-            lines += ["| op | dtype | case | max abs diff | bound |", "|---|---|---|---|---|"]
-            lines += [f"| {c['op']} | {c['dtype']} | {c['case']} | {c['max_abs_diff']} | {c['bound']} |" for c in bad]
+            lines += ["| op | dtype | case | max abs diff | max scaled diff | bound |", "|---|---|---|---|---|---|"]
+            lines += [f"| {c['op']} | {c['dtype']} | {c['case']} | {c['max_abs_diff']} | {c.get('max_scaled_diff', '')} | {c['bound']} |" for c in bad]
             lines.append("")
     else:
         lines += ["## gpulane's kernels vs the CPU (gpulane kernel-check)", "", "missing (see kernel-check.log)", ""]

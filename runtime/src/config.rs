@@ -94,7 +94,8 @@ pub struct KernelCheckArgs {
     #[arg(long, default_value = "cpu")]
     pub device: crate::bench::BenchDevice,
     /// Also write every check as JSON (`{"device", "checks": [{"op", "case", "dtype",
-    /// "max_abs_diff", "bound", "ok"}]}`).
+    /// "max_abs_diff", "max_scaled_diff", "bound", "ok"}]}`; the bound is on the scaled
+    /// difference, |device − reference| / max(1, |reference|)).
     #[arg(long)]
     pub json: Option<PathBuf>,
 }

@@ -13,6 +13,7 @@ struct Row<'a> {
     case: &'a str,
     dtype: &'a str,
     max_abs_diff: f32,
+    max_scaled_diff: f32,
     bound: f32,
     ok: bool,
 }
@@ -54,16 +55,17 @@ pub(crate) async fn run(args: &KernelCheckArgs) -> Result<(), RuntimeError> {
     .await
     .expect("the kernel check does not panic; this is a bug")?;
     println!(
-        "{:<17} {:<5} {:<26} {:>12} {:>8}  ok",
-        "op", "dtype", "case", "max_abs_diff", "bound"
+        "{:<17} {:<5} {:<26} {:>12} {:>15} {:>8}  ok",
+        "op", "dtype", "case", "max_abs_diff", "max_scaled_diff", "bound"
     );
     for c in &checks {
         println!(
-            "{:<17} {:<5} {:<26} {:>12.3e} {:>8.0e}  {}",
+            "{:<17} {:<5} {:<26} {:>12.3e} {:>15.3e} {:>8.0e}  {}",
             c.op,
             c.dtype.as_str(),
             c.case,
             c.max_abs_diff,
+            c.max_scaled_diff,
             c.bound,
             if c.ok() { "yes" } else { "NO" }
         );
@@ -78,6 +80,7 @@ pub(crate) async fn run(args: &KernelCheckArgs) -> Result<(), RuntimeError> {
                     case: &c.case,
                     dtype: c.dtype.as_str(),
                     max_abs_diff: c.max_abs_diff,
+                    max_scaled_diff: c.max_scaled_diff,
                     bound: c.bound,
                     ok: c.ok(),
                 })
