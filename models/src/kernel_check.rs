@@ -40,6 +40,25 @@ impl KernelCheck {
     pub fn ok(&self) -> bool {
         self.max_scaled_diff <= self.bound
     }
+
+    /// `got` (any device, any dtype) against the CPU reference `want`, bounded for `dtype`.
+    fn of(
+        op: &'static str,
+        case: String,
+        dtype: DType,
+        want: &Tensor,
+        got: &Tensor,
+    ) -> Result<Self, ModelError> {
+        let (max_abs_diff, max_scaled_diff) = tensor_diff(want, got)?;
+        Ok(Self {
+            op,
+            case,
+            dtype,
+            max_abs_diff,
+            max_scaled_diff,
+            bound: bound(dtype),
+        })
+    }
 }
 
 /// Rows of mixed lengths, one of a single token (also the emulated tests' batch).
@@ -105,12 +124,22 @@ pub(crate) fn masks(relative: &RelativeBias) -> [(&'static str, Mask<'_>); 4] {
 /// The largest |a − b|, NaN if any element is NaN or the lengths differ (so an output
 /// left unwritten, or NaN, fails every bound).
 pub(crate) fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    max_diff(a, b, |d, _| d)
+}
+
+/// [`max_abs_diff`] with each difference divided by max(1, |reference|), NaN as there.
+fn max_scaled_diff(want: &[f32], got: &[f32]) -> f32 {
+    max_diff(want, got, |d, w| d / w.abs().max(1.0))
+}
+
+/// The largest `scale(|a − b|, a)`, NaN if any is NaN or the lengths differ.
+fn max_diff(a: &[f32], b: &[f32], scale: impl Fn(f32, f32) -> f32) -> f32 {
     if a.len() != b.len() {
         return f32::NAN;
     }
     a.iter()
         .zip(b)
-        .map(|(x, y)| (x - y).abs())
+        .map(|(x, y)| scale((x - y).abs(), *x))
         .fold(0.0, |m, d| {
             if m.is_nan() || d.is_nan() {
                 f32::NAN
@@ -118,19 +147,6 @@ pub(crate) fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
                 m.max(d)
             }
         })
-}
-
-/// [`max_abs_diff`] with each difference divided by max(1, |reference|), NaN as there.
-fn max_scaled_diff(want: &[f32], got: &[f32]) -> f32 {
-    if want.len() != got.len() {
-        return f32::NAN;
-    }
-    let scaled: Vec<f32> = want
-        .iter()
-        .zip(got)
-        .map(|(w, g)| (w - g).abs() / w.abs().max(1.0))
-        .collect();
-    max_abs_diff(&scaled, &vec![0.0; scaled.len()])
 }
 
 /// Bounds on the scaled difference: one rounding of the output to the dtype (a relative
@@ -170,26 +186,6 @@ fn tensor_diff(want: &Tensor, got: &Tensor) -> Result<(f32, f32), ModelError> {
         got.flatten_all()?.to_vec1::<f32>()?,
     );
     Ok((max_abs_diff(&want, &got), max_scaled_diff(&want, &got)))
-}
-
-impl KernelCheck {
-    fn of(
-        op: &'static str,
-        case: String,
-        dtype: DType,
-        want: &Tensor,
-        got: &Tensor,
-    ) -> Result<Self, ModelError> {
-        let (max_abs_diff, max_scaled_diff) = tensor_diff(want, got)?;
-        Ok(Self {
-            op,
-            case,
-            dtype,
-            max_abs_diff,
-            max_scaled_diff,
-            bound: bound(dtype),
-        })
-    }
 }
 
 /// Every check on `device`.
