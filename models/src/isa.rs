@@ -21,6 +21,9 @@ pub enum CpuIsa {
     Avx512,
     /// AVX-512 F, BW and VNNI: the int8 kernel's `vpdpbusd`.
     Avx512Vnni,
+    /// The above and AMX-INT8's tiles, which the kernel lets this process use: the int8
+    /// kernel's `tdpbusd` (f32 layers stay on AVX-512).
+    Amx,
 }
 
 impl CpuIsa {
@@ -31,6 +34,7 @@ impl CpuIsa {
             CpuIsa::Avx2 => "avx2",
             CpuIsa::Avx512 => "avx512",
             CpuIsa::Avx512Vnni => "avx512-vnni",
+            CpuIsa::Amx => "amx",
         }
     }
 
@@ -39,7 +43,8 @@ impl CpuIsa {
             0 => CpuIsa::Baseline,
             1 => CpuIsa::Avx2,
             2 => CpuIsa::Avx512,
-            _ => CpuIsa::Avx512Vnni,
+            3 => CpuIsa::Avx512Vnni,
+            _ => CpuIsa::Amx,
         }
     }
 
@@ -55,7 +60,11 @@ impl CpuIsa {
                 } else if !has!("avx512f") {
                     CpuIsa::Avx2
                 } else if has!("avx512bw") && has!("avx512vnni") {
-                    CpuIsa::Avx512Vnni
+                    if amx_int8_enabled() {
+                        CpuIsa::Amx
+                    } else {
+                        CpuIsa::Avx512Vnni
+                    }
                 } else {
                     CpuIsa::Avx512
                 }
@@ -65,6 +74,44 @@ impl CpuIsa {
         {
             CpuIsa::Baseline
         }
+    }
+}
+
+/// Whether the CPU has AMX-INT8 and Linux lets this process use its tiles. Linux keeps the
+/// tiles' 8 KiB of state off until a process asks (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and
+/// a tile instruction before that faults; asking once, here, covers every thread. The
+/// answer is logged, since a kernel or hypervisor that withholds AMX is otherwise silent.
+#[cfg(target_arch = "x86_64")]
+fn amx_int8_enabled() -> bool {
+    // CPUID leaf 7, sub-leaf 0: EDX bit 24 is AMX-TILE, bit 25 AMX-INT8.
+    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+    if edx & (3 << 24) != 3 << 24 {
+        return false;
+    }
+    #[cfg(target_os = "linux")]
+    {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a plain system call with integer arguments.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        };
+        if r == 0 {
+            tracing::debug!("AMX tiles enabled for the int8 kernel");
+            true
+        } else {
+            let why = std::io::Error::last_os_error();
+            tracing::warn!(%why, "the CPU has AMX-INT8 but the kernel refused its tiles; int8 runs on AVX-512 VNNI");
+            false
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
     }
 }
 
@@ -123,10 +170,12 @@ mod tests {
             CpuIsa::Avx2,
             CpuIsa::Avx512,
             CpuIsa::Avx512Vnni,
+            CpuIsa::Amx,
         ] {
             assert_eq!(CpuIsa::from_u8(isa as u8), isa);
         }
         assert!(CpuIsa::Baseline < CpuIsa::Avx2 && CpuIsa::Avx512 < CpuIsa::Avx512Vnni);
+        assert!(CpuIsa::Avx512Vnni < CpuIsa::Amx);
         // No cap set in this test binary: the level is the CPU's.
         assert_eq!(cpu_isa(), CpuIsa::detected());
     }

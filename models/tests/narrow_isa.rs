@@ -1,5 +1,6 @@
 //! The CPU kernels' narrower routes end to end, against the same sentence-transformers
-//! references as `fixtures.rs`: with `cap_cpu_isa` at AVX2 (the f32 dense kernel's 6×16
+//! references as `fixtures.rs`: with `cap_cpu_isa` at AVX-512 VNNI on a host with AMX
+//! (int8's VNNI product, which AMX replaces there), at AVX2 (the f32 dense kernel's 6×16
 //! tiles, panel attention on them, the 8-lane element-wise kernels, int8's portable
 //! product) and at the baseline (candle's matmul, `gemm` attention, the auto-vectorized
 //! bodies). On an AVX-512 host, CI's, these routes never run otherwise.
@@ -13,9 +14,9 @@ use gpulane_models::{cap_cpu_isa, cpu_isa, CpuIsa, EmbedOptions, Embedder};
 
 #[test]
 fn every_narrower_route_matches_the_references() {
-    for cap in [CpuIsa::Avx2, CpuIsa::Baseline] {
-        if cap > CpuIsa::detected() {
-            eprintln!("{cap:?}: above what this CPU has, already the default route");
+    for cap in [CpuIsa::Avx512Vnni, CpuIsa::Avx2, CpuIsa::Baseline] {
+        if cap >= CpuIsa::detected() {
+            eprintln!("{cap:?}: not below what this CPU has, already the default route");
             continue;
         }
         cap_cpu_isa(cap);

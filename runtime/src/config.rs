@@ -21,10 +21,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "GPULANE_CPU_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
     pub cpu_threads: Option<u16>,
 
-    /// The widest vector extension gpulane's CPU kernels may use: auto (what the CPU has),
-    /// avx512, avx2 or baseline. Lower levels run the narrower routes on a wider CPU: to
-    /// test or measure what an AVX2-only CPU gets, or to step around a route that
-    /// misbehaves. candle's matmul keeps its own detection.
+    /// The widest vector extension gpulane's CPU kernels may use: auto (what the CPU has,
+    /// AMX tiles for int8 included), avx512 (VNNI included, AMX not), avx2 or baseline.
+    /// Lower levels run the narrower routes on a wider CPU: to test or measure what an
+    /// AVX2-only CPU gets, or to step around a route that misbehaves. candle's matmul
+    /// keeps its own detection.
     #[arg(long, global = true, env = "GPULANE_CPU_ISA", value_enum, default_value_t = CpuIsaArg::Auto)]
     pub cpu_isa: CpuIsaArg,
 }
@@ -34,7 +35,7 @@ pub struct Cli {
 pub enum CpuIsaArg {
     /// What the CPU has.
     Auto,
-    /// AVX-512 at most (VNNI included where the CPU has it).
+    /// AVX-512 at most (VNNI included where the CPU has it; AMX's tiles not).
     Avx512,
     /// AVX2 with FMA at most.
     Avx2,

@@ -1,0 +1,177 @@
+//! The int8 routes against the f32 product and against each other.
+
+use super::*;
+use crate::dense::tests::lcg;
+
+fn reference(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut y = vec![0f32; m * n];
+    for r in 0..m {
+        for c in 0..n {
+            y[r * n + c] = (0..k).map(|i| x[r * k + i] * w[c * k + i]).sum::<f32>();
+        }
+    }
+    y
+}
+
+/// The routes this CPU runs besides the portable one: AVX2, and VNNI and AMX where it has
+/// them.
+fn routes() -> Vec<CpuIsa> {
+    [CpuIsa::Avx2, CpuIsa::Avx512Vnni, CpuIsa::Amx]
+        .into_iter()
+        .filter(|&isa| isa <= CpuIsa::detected())
+        .collect()
+}
+
+/// The layouts of quantized rows this CPU's routes read: `k4`-wide rows, and AMX's whole
+/// tiles where it has AMX. Every route but AMX reads either.
+fn layouts() -> Vec<CpuIsa> {
+    let mut l = vec![CpuIsa::Baseline];
+    if CpuIsa::detected() >= CpuIsa::Amx {
+        l.push(CpuIsa::Amx);
+    }
+    l
+}
+
+/// Whether `isa`'s route reads rows laid out for `layout`.
+fn reads(isa: CpuIsa, layout: CpuIsa) -> bool {
+    isa < CpuIsa::Amx || layout >= CpuIsa::Amx
+}
+
+/// The product of quantized rows on `isa`'s route (the portable one at `Baseline`).
+fn product(q: &QuantLinear, isa: CpuIsa, rows: &Quantized, m: usize, epi: Epilogue) -> Vec<f32> {
+    let mut y = vec![Out::new(f32::NAN); m * q.n];
+    q.matmul_on(isa, rows, m, &mut y, epi);
+    // SAFETY: initialized above; the kernel overwrote them.
+    y.iter().map(|v| unsafe { v.assume_init() }).collect()
+}
+
+/// Every shape edge (rows not a multiple of the tile or of a task, outputs not a
+/// multiple of a panel or of a half panel, inputs not a multiple of 4) lands close to
+/// the f32 product, on the portable route and on the AVX2, VNNI and AMX ones (where the
+/// CPU has them), which agree with it exactly, from either layout of the rows. For AMX
+/// the edges are a last tile of rows or of inputs partly padding, an odd last panel, and
+/// one or several 64-byte tiles of inputs.
+#[test]
+fn matches_f32_product_on_every_edge() {
+    let mut seed = 7;
+    for &(m, n, k) in &[
+        (1, 16, 4),
+        (5, 17, 7),
+        (7, 8, 12),
+        (13, 29, 20),
+        (9, 40, 384),
+        (45, 50, 33),
+        (70, 384, 64),
+        (33, 48, 200),
+        (16, 32, 128),
+        (47, 1536, 384),
+        (3, 384, 1536),
+    ] {
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed) * 0.1).collect();
+        let q = QuantLinear::new(&w, n, k);
+        let want = reference(&x, &w, m, n, k);
+        let got = q.forward(&x, m, Epilogue::None);
+        let mut portable = vec![];
+        for layout in layouts() {
+            let rows = q.quantize_rows(layout, &x, m);
+            portable = product(&q, CpuIsa::Baseline, &rows, m, Epilogue::None);
+            for isa in routes().into_iter().filter(|&isa| reads(isa, layout)) {
+                let routed = product(&q, isa, &rows, m, Epilogue::None);
+                assert_eq!(
+                    routed, portable,
+                    "{isa:?} and portable differ at {m}x{n}x{k} ({layout:?} layout)"
+                );
+            }
+        }
+        if m <= ROWS_PER_TASK {
+            assert_eq!(got, portable, "forward and portable differ at {m}x{n}x{k}");
+        }
+        let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 0.02 * scale,
+                "{m}x{n}x{k} at {i}: {g} vs {w}"
+            );
+        }
+    }
+}
+
+/// The bias and bias+GELU epilogues give what adding the bias (and GELU) after the
+/// product gives, on every route, the partly-padded last panel included.
+#[test]
+fn epilogues_match_the_product_then_bias_and_gelu() {
+    let (m, n, k) = (11, 40, 24);
+    let mut seed = 3;
+    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+    let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed) * 0.3).collect();
+    let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+    let q = QuantLinear::new(&w, n, k);
+    let plain = q.forward(&x, m, Epilogue::None);
+    let rows = q.quantize_rows(CpuIsa::detected(), &x, m);
+    for (epi, f) in [
+        (Epilogue::Bias(&b), (|v| v) as fn(f32) -> f32),
+        (Epilogue::BiasGelu(&b), gelu as fn(f32) -> f32),
+    ] {
+        let got = q.forward(&x, m, epi);
+        let portable = product(&q, CpuIsa::Baseline, &rows, m, epi);
+        for (i, g) in got.iter().enumerate() {
+            let want = f(plain[i] + b[i % n]);
+            assert!((g - want).abs() <= 1e-5, "{epi:?} at {i}: {g} vs {want}");
+            assert_eq!(*g, portable[i], "{epi:?} at {i}");
+        }
+        for isa in routes() {
+            let routed = product(&q, isa, &rows, m, epi);
+            assert_eq!(routed, portable, "{isa:?} {epi:?}");
+        }
+    }
+}
+
+/// A row whose range is below what a reciprocal can hold quantizes like zeros, on
+/// both paths alike, instead of overflowing.
+#[test]
+fn a_subnormal_range_is_a_row_of_zeros() {
+    let q = QuantLinear::new(&[1.0; 4], 1, 4);
+    let x = [1e-38, -1e-38, 0.0, 2e-38];
+    assert_eq!(q.forward(&x, 1, Epilogue::None), vec![0.0]);
+    let mut scalar = [0u8; 4];
+    let rs = quantize_row(&x, &mut scalar);
+    for layout in layouts() {
+        let rows = q.quantize_rows(layout, &x, 1);
+        assert_eq!((&rows.q[..4], rows.scales[0]), (&scalar[..], rs));
+    }
+}
+
+/// Every route's row quantizer gives the portable one's bytes and scale, tails (rows
+/// not a multiple of 8 or 16) included.
+#[test]
+fn quantizers_agree_bit_for_bit() {
+    let mut seed = 9;
+    for k in [1, 7, 8, 17, 33, 64, 81, 200, 384] {
+        let row: Vec<f32> = (0..k).map(|_| lcg(&mut seed) * 3.0).collect();
+        let mut want = vec![0u8; k];
+        let rs = quantize_row(&row, &mut want);
+        #[cfg(target_arch = "x86_64")]
+        for isa in routes() {
+            let mut got = vec![0u8; k];
+            // SAFETY: `routes` lists only what the CPU has.
+            let gs = unsafe {
+                match isa {
+                    CpuIsa::Avx512Vnni | CpuIsa::Amx => avx512::quantize_row(&row, &mut got),
+                    _ => avx2::quantize_row(&row, &mut got),
+                }
+            };
+            assert_eq!((got, gs), (want.clone(), rs), "{isa:?}, k = {k}");
+        }
+    }
+}
+
+/// A zero row or column quantizes with scale 1, not a division by zero.
+#[test]
+fn zero_rows_and_columns_stay_zero() {
+    let q = QuantLinear::new(&[0.0; 8], 2, 4);
+    assert_eq!(
+        q.forward(&[0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], 2, Epilogue::None),
+        vec![0.0; 4]
+    );
+}
