@@ -41,7 +41,17 @@ fn git_commit() -> Option<String> {
     let mut watch = vec![git_dir.join("HEAD"), git_dir.join("packed-refs")];
     if let Ok(head) = std::fs::read_to_string(git_dir.join("HEAD")) {
         if let Some(reference) = head.trim().strip_prefix("ref: ") {
-            watch.push(git_dir.join(reference));
+            let loose = git_dir.join(reference);
+            // A checkout whose refs are all packed has no file for the branch until its
+            // next commit writes one, and that commit touches neither HEAD nor
+            // packed-refs: watch the folder the file will appear in (Cargo scans a
+            // watched folder for changes), or the binary keeps naming the old commit.
+            if !loose.exists() {
+                if let Some(folder) = loose.parent() {
+                    watch.push(folder.to_path_buf());
+                }
+            }
+            watch.push(loose);
         }
     }
     for path in watch.iter().filter(|p| p.exists()) {
