@@ -4,7 +4,7 @@
 //! `GPULANE_GIT_COMMIT` wins (a build from a source tarball, or a packager that knows the
 //! commit); else `git rev-parse` in the source tree; else `unknown`.
 
-use std::{path::Path, process::Command};
+use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=GPULANE_GIT_COMMIT");
@@ -27,27 +27,34 @@ fn main() {
 /// The commit of the checkout, and rebuild triggers on the files that move with it.
 fn git_commit() -> Option<String> {
     let out = Command::new("git")
-        .args(["rev-parse", "--git-dir", "HEAD"])
+        .args(["rev-parse", "--git-dir", "--git-common-dir", "HEAD"])
         .output()
         .ok()
         .filter(|o| o.status.success())?;
     let text = String::from_utf8(out.stdout).ok()?;
     let mut lines = text.lines();
-    let git_dir = Path::new(lines.next()?).to_path_buf();
+    // A linked worktree has its own HEAD (the git dir) but shares refs and packed-refs
+    // with the main checkout (the common dir); a plain checkout has one folder for both.
+    // Both may come back relative to this script's folder (the package's); made absolute
+    // so the watched paths do not depend on where Cargo resolves them.
+    let here = std::env::current_dir().ok()?;
+    let git_dir = here.join(lines.next()?);
+    let common = here.join(lines.next()?);
     let commit = lines.next()?.get(..12)?.to_owned();
     // HEAD moves when a branch is switched; the branch's ref (or packed-refs) when a
     // commit lands on it.
     // A watched path that does not exist would rerun this script on every build.
-    let mut watch = vec![git_dir.join("HEAD"), git_dir.join("packed-refs")];
+    let mut watch = vec![git_dir.join("HEAD"), common.join("packed-refs")];
     if let Ok(head) = std::fs::read_to_string(git_dir.join("HEAD")) {
         if let Some(reference) = head.trim().strip_prefix("ref: ") {
-            let loose = git_dir.join(reference);
+            let loose = common.join(reference);
             // A checkout whose refs are all packed has no file for the branch until its
             // next commit writes one, and that commit touches neither HEAD nor
-            // packed-refs: watch the folder the file will appear in (Cargo scans a
-            // watched folder for changes), or the binary keeps naming the old commit.
-            if !loose.exists() {
-                if let Some(folder) = loose.parent() {
+            // packed-refs: watch the nearest folder that exists on the way to it (Cargo
+            // scans a watched folder for changes; a branch `a/b` may lack `refs/heads/a`
+            // too), or the binary keeps naming the old commit.
+            if let Some(folder) = loose.ancestors().skip(1).find(|p| p.is_dir()) {
+                if !loose.exists() {
                     watch.push(folder.to_path_buf());
                 }
             }

@@ -48,71 +48,88 @@ impl CpuIsa {
         }
     }
 
-    /// What this CPU has (checked once).
+    /// What this CPU has, AMX only where Linux grants this process its tiles (asked the
+    /// first time the answer needs it, see [`amx_granted`]).
     pub fn detected() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            static HAS: std::sync::OnceLock<CpuIsa> = std::sync::OnceLock::new();
-            *HAS.get_or_init(|| {
-                use std::arch::is_x86_feature_detected as has;
-                if !(has!("avx2") && has!("fma")) {
-                    CpuIsa::Baseline
-                } else if !has!("avx512f") {
-                    CpuIsa::Avx2
-                } else if has!("avx512bw") && has!("avx512vnni") {
-                    if amx_int8_enabled() {
-                        CpuIsa::Amx
-                    } else {
-                        CpuIsa::Avx512Vnni
-                    }
-                } else {
-                    CpuIsa::Avx512
-                }
-            })
+        match cpu_level() {
+            CpuIsa::Amx if !amx_granted() => CpuIsa::Avx512Vnni,
+            level => level,
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            CpuIsa::Baseline
-        }
+    }
+
+    /// Whether this level's routes may run here: the CPU has it and, for AMX, Linux
+    /// granted the tiles. Only an AMX level asks for them.
+    pub(crate) fn runs_here(self) -> bool {
+        self <= cpu_level() && (self < CpuIsa::Amx || amx_granted())
     }
 }
 
-/// Whether the CPU has AMX-INT8 and Linux lets this process use its tiles. Linux keeps the
-/// tiles' 8 KiB of state off until a process asks (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and
-/// a tile instruction before that faults; asking once, here, covers every thread. The
-/// answer is logged, since a kernel or hypervisor that withholds AMX is otherwise silent.
-#[cfg(target_arch = "x86_64")]
-fn amx_int8_enabled() -> bool {
-    // CPUID leaf 7, sub-leaf 0: EDX bit 24 is AMX-TILE, bit 25 AMX-INT8.
-    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-    if edx & (3 << 24) != 3 << 24 {
-        return false;
-    }
-    #[cfg(target_os = "linux")]
+/// The CPU's level by CPUID alone (checked once): AMX when it has AMX-INT8 (and VNNI),
+/// whether or not the tiles are usable yet.
+fn cpu_level() -> CpuIsa {
+    #[cfg(target_arch = "x86_64")]
     {
-        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-        const XFEATURE_XTILEDATA: libc::c_long = 18;
-        // SAFETY: a plain system call with integer arguments.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_arch_prctl,
-                ARCH_REQ_XCOMP_PERM,
-                XFEATURE_XTILEDATA,
-            )
-        };
-        if r == 0 {
-            tracing::debug!("AMX tiles enabled for the int8 kernel");
-            true
-        } else {
-            let why = std::io::Error::last_os_error();
-            tracing::warn!(%why, "the CPU has AMX-INT8 but the kernel refused its tiles; int8 runs on AVX-512 VNNI");
+        static HAS: std::sync::OnceLock<CpuIsa> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            use std::arch::is_x86_feature_detected as has;
+            if !(has!("avx2") && has!("fma")) {
+                CpuIsa::Baseline
+            } else if !has!("avx512f") {
+                CpuIsa::Avx2
+            } else if has!("avx512bw") && has!("avx512vnni") {
+                // CPUID leaf 7, sub-leaf 0: EDX bit 24 is AMX-TILE, bit 25 AMX-INT8.
+                let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+                if edx & (3 << 24) == 3 << 24 {
+                    CpuIsa::Amx
+                } else {
+                    CpuIsa::Avx512Vnni
+                }
+            } else {
+                CpuIsa::Avx512
+            }
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        CpuIsa::Baseline
+    }
+}
+
+/// Whether Linux lets this process use the AMX tiles (asked once). Linux keeps the tiles'
+/// 8 KiB of state off until a process asks (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and a tile
+/// instruction before that faults; one grant covers every thread. Asked only when a level
+/// at or above AMX is about to be used, so `--cpu-isa avx512` never makes the call (the
+/// way around a sandbox that objects to it). The answer is logged, since a kernel or
+/// hypervisor that withholds AMX is otherwise silent.
+fn amx_granted() -> bool {
+    static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            // SAFETY: a plain system call with integer arguments.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                )
+            };
+            if r == 0 {
+                tracing::debug!("AMX tiles enabled for the int8 kernel");
+                true
+            } else {
+                let why = std::io::Error::last_os_error();
+                tracing::warn!(%why, "the CPU has AMX-INT8 but the kernel refused its tiles; int8 runs on AVX-512 VNNI");
+                false
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
             false
         }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        false
-    }
+    })
 }
 
 /// The cap, as a `CpuIsa` discriminant; none until [`cap_cpu_isa`] is called.
@@ -124,9 +141,15 @@ pub fn cap_cpu_isa(cap: CpuIsa) {
     CAP.store(cap as u8, Ordering::Relaxed);
 }
 
-/// What the kernels may use: the CPU's level, capped.
+/// What the kernels may use: the CPU's level, capped. A cap below AMX never asks Linux for
+/// the tiles.
 pub fn cpu_isa() -> CpuIsa {
-    CpuIsa::detected().min(CpuIsa::from_u8(CAP.load(Ordering::Relaxed)))
+    let cap = CpuIsa::from_u8(CAP.load(Ordering::Relaxed));
+    if cap < CpuIsa::Amx {
+        cpu_level().min(cap)
+    } else {
+        CpuIsa::detected().min(cap)
+    }
 }
 
 /// The first `live` of 8 i32/f32 lanes set (all eight if `live` ≥ 8), as AVX2's

@@ -12,7 +12,7 @@
 //! tile registers are state the compiler never allocates, so they live from one `asm!`
 //! statement to the next within [`matmul`], which configures them on entry and releases
 //! them on exit (a thread's tiles are then back in their initial state, which keeps its
-//! context switches as cheap as before). `CpuIsa::detected` asked the kernel for the
+//! context switches as cheap as before). `CpuIsa::runs_here` asked the kernel for the
 //! permission (`arch_prctl`) before any route could be AMX.
 
 use std::arch::{asm, x86_64::*};
@@ -91,6 +91,12 @@ pub(super) unsafe fn matmul(j: &Job, rows: usize, y: &mut [Out]) {
     let panel_bytes = l.k4 * PANEL;
     let panels = l.n.div_ceil(PANEL);
     let tiles = rows.div_ceil(TILE_ROWS);
+    // The last B tile read ends `chunks` tiles into the last panel, past the panel itself
+    // where `k4` is not a multiple of 64: within the packing's tail, by construction.
+    assert!(
+        (panels - 1) * panel_bytes + chunks * B_TILE <= l.packed.len(),
+        "AMX would read past the packed weights; this is a bug"
+    );
     let mut sums = [[0i32; TILE_ROWS * PANEL]; 4];
     asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly, preserves_flags));
     for p in (0..panels).step_by(2) {

@@ -169,7 +169,7 @@ impl QuantLinear {
     /// [`quantize_rows`](Self::quantize_rows) makes; AMX needs its own.
     fn matmul_on(&self, isa: CpuIsa, q: &Quantized, rows: usize, y: &mut [Out], epi: Epilogue) {
         assert!(
-            isa <= CpuIsa::detected(),
+            isa.runs_here(),
             "int8 at {isa:?} on a CPU with {:?}",
             CpuIsa::detected()
         );
@@ -195,7 +195,7 @@ impl QuantLinear {
                     "AMX reads whole tiles of quantized rows; this is a bug"
                 );
                 // SAFETY: the CPU has AMX-INT8 and AVX-512 BW, its tiles are enabled for
-                // this process (`CpuIsa::detected`), and the rows fill whole tiles
+                // this process (`runs_here`, asserted above), and the rows fill whole tiles
                 // (asserted).
                 return unsafe { amx::matmul(j, rows, y) };
             } else if isa >= CpuIsa::Avx512Vnni {
@@ -251,8 +251,10 @@ struct Job<'a, A> {
 
 /// A task's activation rows in u8, as [`QuantLinear::quantize_rows`] lays them out for a
 /// route: rows `stride` bytes apart, at least `k4` (VNNI and AVX2 take `k4`; AMX a whole
-/// number of 64-byte tiles), the padding zeros, which meet zero weights; for AMX, zero rows
-/// after the real ones up to a whole 16-row tile, whose outputs are never stored.
+/// number of 64-byte tiles), the padding zeros. Those zeros are what keep the sums exact:
+/// bytes up to `k4` meet zero weights, but on AMX bytes past `k4` meet the next panel's
+/// first weights (or the packing's tail). For AMX, zero rows follow the real ones up to a
+/// whole 16-row tile; their outputs are never stored.
 struct Quantized {
     q: Vec<u8>,
     stride: usize,
