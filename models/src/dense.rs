@@ -245,6 +245,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{Epilogue, Panel, MR, NR, PREFETCH};
+    use crate::isa::avx512_lanes;
 
     /// [`super::panel`]: the rows in near-equal tiles of at most [`MR`] (25 rows are
     /// 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache after the first.
@@ -262,7 +263,7 @@ mod avx512 {
             c0,
             epi,
         } = p;
-        let masks = (mask(live), mask(live.saturating_sub(16)));
+        let masks = (avx512_lanes(live), avx512_lanes(live.saturating_sub(16)));
         let tiles = rows.div_ceil(MR);
         let mut r = 0;
         for t in 0..tiles {
@@ -279,14 +280,6 @@ mod avx512 {
             }
             tile!(1 2 3 4 5 6 7 8 9 10 11 12);
             r += mr;
-        }
-    }
-
-    fn mask(live: usize) -> __mmask16 {
-        if live >= 16 {
-            !0
-        } else {
-            (1u16 << live) - 1
         }
     }
 

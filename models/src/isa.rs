@@ -51,10 +51,7 @@ impl CpuIsa {
     /// What this CPU has, AMX only where Linux grants this process its tiles (asked the
     /// first time the answer needs it, see [`amx_granted`]).
     pub fn detected() -> Self {
-        match cpu_level() {
-            CpuIsa::Amx if !amx_granted() => CpuIsa::Avx512Vnni,
-            level => level,
-        }
+        usable(cpu_level())
     }
 
     /// Whether this level's routes may run here: the CPU has it and, for AMX, Linux
@@ -92,6 +89,16 @@ fn cpu_level() -> CpuIsa {
     #[cfg(not(target_arch = "x86_64"))]
     {
         CpuIsa::Baseline
+    }
+}
+
+/// `level`, or AVX-512 VNNI where it is AMX and Linux refuses the tiles. Only an AMX level
+/// asks.
+fn usable(level: CpuIsa) -> CpuIsa {
+    if level == CpuIsa::Amx && !amx_granted() {
+        CpuIsa::Avx512Vnni
+    } else {
+        level
     }
 }
 
@@ -144,12 +151,7 @@ pub fn cap_cpu_isa(cap: CpuIsa) {
 /// What the kernels may use: the CPU's level, capped. A cap below AMX never asks Linux for
 /// the tiles.
 pub fn cpu_isa() -> CpuIsa {
-    let cap = CpuIsa::from_u8(CAP.load(Ordering::Relaxed));
-    if cap < CpuIsa::Amx {
-        cpu_level().min(cap)
-    } else {
-        CpuIsa::detected().min(cap)
-    }
+    usable(cpu_level().min(CpuIsa::from_u8(CAP.load(Ordering::Relaxed))))
 }
 
 /// The first `live` of 8 i32/f32 lanes set (all eight if `live` ≥ 8), as AVX2's
@@ -163,6 +165,17 @@ pub(crate) fn avx2_lanes(live: usize) -> std::arch::x86_64::__m256i {
         _mm256_set1_epi32(live.min(8) as i32),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
     )
+}
+
+/// The first `live` of 16 lanes set (all sixteen if `live` ≥ 16), as an AVX-512 mask: every
+/// AVX-512 route's partial vectors (a row's tail, a panel's last columns) go through this.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512_lanes(live: usize) -> std::arch::x86_64::__mmask16 {
+    if live >= 16 {
+        !0
+    } else {
+        (1u16 << live) - 1
+    }
 }
 
 /// Stores the first `live` ≤ 8 lanes of `v` at `p`: a plain store when all eight are

@@ -578,12 +578,7 @@ mod avx512 {
     /// Lanes `i..` that exist in a row of `n`.
     #[inline(always)]
     fn live(n: usize, i: usize) -> __mmask16 {
-        let live = (n - i).min(16);
-        if live == 16 {
-            !0
-        } else {
-            (1u16 << live) - 1
-        }
+        crate::isa::avx512_lanes(n - i)
     }
 
     /// [`super::exp`], sixteen at a time: the same reduction and polynomial, and 2^n by

@@ -3,6 +3,7 @@
 use std::arch::x86_64::*;
 
 use super::{Epilogue, Out, RowScale, PANEL};
+use crate::isa::avx512_lanes;
 
 pub(super) type Job<'a> = super::Job<'a, u8>;
 
@@ -20,7 +21,7 @@ const NV: usize = 3;
 pub(super) unsafe fn quantize_row(row: &[f32], q: &mut [u8]) -> RowScale {
     let (k, x) = (row.len(), row.as_ptr());
     let full = k / 16 * 16;
-    let tail: __mmask16 = ((1u32 << (k - full)) - 1) as u16;
+    let tail = avx512_lanes(k - full);
     // The tail's masked-off lanes load as 0, which the range holds anyway.
     let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for i in (0..full).step_by(16) {
@@ -54,8 +55,7 @@ pub(super) unsafe fn quantize_row(row: &[f32], q: &mut [u8]) -> RowScale {
         );
     }
     for i in (quad..k).step_by(16) {
-        let live = (k - i).min(16);
-        let m: __mmask16 = ((1u32 << live) - 1) as u16;
+        let m = avx512_lanes(k - i);
         let v = level(_mm512_maskz_loadu_ps(m, x.add(i)));
         _mm512_mask_cvtusepi32_storeu_epi8(q.as_mut_ptr().add(i) as *mut _, m, v);
     }
@@ -155,12 +155,7 @@ unsafe fn tile<const R: usize, const V: usize>(j: &Job, r: usize, p: usize, y: &
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(super) unsafe fn store(j: &Job, row: RowScale, acc: __m512i, c0: usize, dst: *mut f32) {
     let (l, epi) = (j.l, j.epi);
-    let live = l.n.saturating_sub(c0).min(PANEL);
-    let mask: __mmask16 = if live == PANEL {
-        !0
-    } else {
-        (1u16 << live) - 1
-    };
+    let mask = avx512_lanes(l.n.saturating_sub(c0));
     let sum = _mm512_maskz_loadu_epi32(mask, l.sum.as_ptr().add(c0));
     let offset = _mm512_mullo_epi32(sum, _mm512_set1_epi32(row.zero));
     let scale = _mm512_maskz_loadu_ps(mask, l.scale.as_ptr().add(c0));
