@@ -53,12 +53,11 @@ fn git_commit() -> Option<String> {
             // packed-refs: watch the nearest folder that exists on the way to it (Cargo
             // scans a watched folder for changes; a branch `a/b` may lack `refs/heads/a`
             // too), or the binary keeps naming the old commit.
-            if let Some(folder) = loose.ancestors().skip(1).find(|p| p.is_dir()) {
-                if !loose.exists() {
-                    watch.push(folder.to_path_buf());
-                }
+            if loose.exists() {
+                watch.push(loose);
+            } else if let Some(folder) = loose.ancestors().skip(1).find(|p| p.is_dir()) {
+                watch.push(folder.to_path_buf());
             }
-            watch.push(loose);
         }
     }
     for path in watch.iter().filter(|p| p.exists()) {
