@@ -18,14 +18,23 @@ pub(super) unsafe fn quantize_row(row: &[f32], q: &mut [u8]) -> RowScale {
     let k = row.len();
     let full = k / 8 * 8;
     let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    // v · 0 is 0 for a finite v and NaN for NaN or an infinity, which `minps`/`maxps`
+    // would drop or keep depending on the operand order: summed, one bad lane shows.
+    let (none, mut bad) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for i in (0..full).step_by(8) {
         let v = _mm256_loadu_ps(row.as_ptr().add(i));
         lo = _mm256_min_ps(lo, v);
         hi = _mm256_max_ps(hi, v);
+        bad = _mm256_add_ps(bad, _mm256_mul_ps(v, none));
     }
-    let (mut l, mut h) = ([0f32; 8], [0f32; 8]);
+    let (mut l, mut h, mut b) = ([0f32; 8], [0f32; 8], [0f32; 8]);
     _mm256_storeu_ps(l.as_mut_ptr(), lo);
     _mm256_storeu_ps(h.as_mut_ptr(), hi);
+    _mm256_storeu_ps(b.as_mut_ptr(), bad);
+    if b.iter().chain(&row[full..]).any(|v| !v.is_finite()) {
+        q.fill(0);
+        return RowScale::NON_FINITE;
+    }
     let (mut min, mut max) = (0f32, 0f32);
     for (&a, &b) in l.iter().zip(&h) {
         (min, max) = (min.min(a), max.max(b));

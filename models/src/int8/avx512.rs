@@ -24,14 +24,23 @@ pub(super) unsafe fn quantize_row(row: &[f32], q: &mut [u8]) -> RowScale {
     let tail = avx512_lanes(k - full);
     // The tail's masked-off lanes load as 0, which the range holds anyway.
     let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    // v · 0 is 0 for a finite v and NaN for NaN or an infinity, which `minps`/`maxps`
+    // would drop or keep depending on the operand order: summed, one bad lane shows.
+    let (none, mut bad) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for i in (0..full).step_by(16) {
         let v = _mm512_loadu_ps(x.add(i));
         lo = _mm512_min_ps(lo, v);
         hi = _mm512_max_ps(hi, v);
+        bad = _mm512_fmadd_ps(v, none, bad);
     }
     let v = _mm512_maskz_loadu_ps(tail, x.add(full));
     lo = _mm512_min_ps(lo, v);
     hi = _mm512_max_ps(hi, v);
+    bad = _mm512_fmadd_ps(v, none, bad);
+    if _mm512_reduce_add_ps(bad).is_nan() {
+        q.fill(0);
+        return RowScale::NON_FINITE;
+    }
     let rs = RowScale::of(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi));
     let inv = _mm512_set1_ps(1.0 / rs.scale);
     let zero = _mm512_set1_epi32(rs.zero);

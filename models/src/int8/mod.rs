@@ -270,6 +270,15 @@ struct RowScale {
 }
 
 impl RowScale {
+    /// A row holding NaN or an infinity. No range represents it, and its f32 product
+    /// would not be finite either, so every output of the row comes out NaN (this scale)
+    /// on every route, instead of finite numbers from a range that skipped the bad values
+    /// (which is what the routes' min/max did, each differently).
+    const NON_FINITE: Self = Self {
+        scale: f32::NAN,
+        zero: 0,
+    };
+
     /// The range `[min, max]` (widened to hold 0, so zero stays exact) over 255 levels.
     fn of(min: f32, max: f32) -> Self {
         let (min, max) = (min.min(0.0), max.max(0.0));
@@ -286,8 +295,13 @@ impl RowScale {
 }
 
 /// One row to u8 and its scale, in plain Rust. Rounds ties to even, as the vector path's
-/// conversion does, so the two agree bit for bit.
+/// conversion does, so the two agree bit for bit; a row with NaN or an infinity is zeros
+/// and [`RowScale::NON_FINITE`] on every route.
 fn quantize_row(row: &[f32], q: &mut [u8]) -> RowScale {
+    if row.iter().any(|v| !v.is_finite()) {
+        q.fill(0);
+        return RowScale::NON_FINITE;
+    }
     let (min, max) = row
         .iter()
         .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));

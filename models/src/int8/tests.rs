@@ -161,9 +161,98 @@ fn quantizers_agree_bit_for_bit() {
                     _ => avx2::quantize_row(&row, &mut got),
                 }
             };
-            assert_eq!((got, gs), (want.clone(), rs), "{isa:?}, k = {k}");
+            assert_eq!(
+                (got, bits(gs)),
+                (want.clone(), bits(rs)),
+                "{isa:?}, k = {k}"
+            );
         }
     }
+}
+
+/// A scale's bits and zero point: NaN scales compare equal when they are the same NaN.
+fn bits(rs: RowScale) -> (u32, i32) {
+    (rs.scale.to_bits(), rs.zero)
+}
+
+/// A row holding NaN or an infinity, in a whole vector or in the tail, in any place of
+/// it, is zeros with [`RowScale::NON_FINITE`] on every route, so that all of its outputs
+/// are NaN (as its f32 product would not be finite either); the other rows of the batch
+/// come out as they do without it, bit for bit. Before, `minps`/`maxps` dropped a NaN in
+/// some lanes and kept it in others, so the routes gave different finite numbers.
+#[test]
+fn non_finite_rows_come_out_nan_on_every_route() {
+    let (m, n, k) = (5, 40, 81);
+    let mut seed = 13;
+    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+    let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed) * 0.1).collect();
+    let q = QuantLinear::new(&w, n, k);
+    let clean = q.forward(&x, m, Epilogue::None);
+    let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        // The first lane, a middle one, the last of the whole vectors, and the tail's.
+        for at in [0, 9, 63, 80] {
+            let row = 2;
+            let mut x = x.clone();
+            x[row * k + at] = bad;
+            let mut scalar = vec![0u8; k];
+            assert_eq!(
+                bits(quantize_row(&x[row * k..(row + 1) * k], &mut scalar)),
+                bits(RowScale::NON_FINITE),
+                "{bad} at {at}"
+            );
+            assert_eq!(scalar, vec![0u8; k], "{bad} at {at}");
+            #[cfg(target_arch = "x86_64")]
+            for isa in routes() {
+                let mut got = vec![7u8; k];
+                // SAFETY: `routes` lists only what the CPU has.
+                let rs = unsafe {
+                    match isa {
+                        CpuIsa::Avx512Vnni | CpuIsa::Amx => {
+                            avx512::quantize_row(&x[row * k..(row + 1) * k], &mut got)
+                        }
+                        _ => avx2::quantize_row(&x[row * k..(row + 1) * k], &mut got),
+                    }
+                };
+                assert_eq!(
+                    (got, bits(rs)),
+                    (scalar.clone(), bits(RowScale::NON_FINITE))
+                );
+            }
+            for epi in [Epilogue::None, Epilogue::BiasGelu(&b)] {
+                let want = q.forward(
+                    &x.iter()
+                        .map(|v| if v.is_finite() { *v } else { 0.0 })
+                        .collect::<Vec<_>>(),
+                    m,
+                    epi,
+                );
+                for layout in layouts() {
+                    let rows = q.quantize_rows(layout, &x, m);
+                    let mut isas = vec![CpuIsa::Baseline];
+                    isas.extend(routes().into_iter().filter(|&isa| reads(isa, layout)));
+                    for isa in isas {
+                        let got = product(&q, isa, &rows, m, epi);
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            if i / n == row {
+                                assert!(
+                                    g.is_nan(),
+                                    "{isa:?} {epi:?}: {bad} at {at}, output {i} is {g}"
+                                );
+                            } else {
+                                assert_eq!(
+                                    g.to_bits(),
+                                    w.to_bits(),
+                                    "{isa:?} {epi:?}: {bad} at {at}, output {i}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(clean.iter().all(|v| v.is_finite()));
 }
 
 /// A zero row or column quantizes with scale 1, not a division by zero.
