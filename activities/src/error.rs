@@ -134,6 +134,7 @@ impl ActivityError {
             ActivityError::ResultTooLarge { .. } => failure::RESULT_TOO_LARGE,
             ActivityError::Model(ModelError::TextTooLong { .. }) => failure::TEXT_TOO_LONG,
             ActivityError::Model(ModelError::OutOfMemory(_)) => failure::GPU_OUT_OF_MEMORY,
+            ActivityError::Model(ModelError::NonFiniteOutput { .. }) => failure::NON_FINITE_OUTPUT,
             // The tokenizer fails the same way on the same text: it is the input that
             // this model cannot take, not a failure a retry can mend (`ModelFailure` is
             // retried).
@@ -181,6 +182,12 @@ mod tests {
                 limit: 1,
             }),
             ActivityError::Model(ModelError::OutOfMemory("x".into())),
+            ActivityError::Model(ModelError::NonFiniteOutput {
+                field: "texts",
+                index: 0,
+                precision: "f16",
+                fix: "x",
+            }),
             ActivityError::Model(ModelError::EngineStopped),
         ];
         for e in &samples {

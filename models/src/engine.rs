@@ -505,6 +505,7 @@ impl Engine {
         progress: &Progress,
         probe: bool,
         priority: i32,
+        field: &'static str,
     ) -> Result<(Vec<Vec<f32>>, Vec<usize>), ModelError> {
         let model = self.model.clone();
         let encode = move || encode(&model);
@@ -529,7 +530,30 @@ impl Engine {
             .send(request)
             .map_err(|_| ModelError::EngineStopped)?;
         let out = rx.await.map_err(|_| ModelError::EngineStopped)??;
+        if let Some(index) = out.iter().position(|v| v.iter().any(|x| !x.is_finite())) {
+            return Err(self.non_finite(field, index));
+        }
         Ok((out, token_counts))
+    }
+
+    /// The failure for an output that is not finite, with the fix that fits the model's
+    /// precision: half precision overflows (f16 tops out at 65,504) where f32 does not,
+    /// so there the fix is f32; in f32 (int8 keeps activations in f32) the weights or the
+    /// checkpoint are the suspects.
+    fn non_finite(&self, field: &'static str, index: usize) -> ModelError {
+        let identity = self.kind.identity();
+        let precision = identity.precision();
+        let fix = if matches!(identity.dtype, DType::F16 | DType::BF16) {
+            "half precision overflowed; serve this model in f32 (dtype = \"f32\" in the models file) or send the call to cpu-tools"
+        } else {
+            "f32 does not overflow on sane weights: check the checkpoint for NaN or infinite values"
+        };
+        ModelError::NonFiniteOutput {
+            field,
+            index,
+            precision,
+            fix,
+        }
     }
 
     /// Embeds `texts`, batched with other concurrent calls. `progress` counts finished
@@ -566,6 +590,7 @@ impl Engine {
                 progress,
                 probe,
                 priority,
+                "texts",
             )
             .await?;
         match &*self.model {
@@ -615,6 +640,7 @@ impl Engine {
                 progress,
                 probe,
                 priority,
+                "documents",
             )
             .await?;
         Ok(Scores::from_rows(rows, counts))

@@ -61,6 +61,20 @@ pub enum ModelError {
     /// layer checks kinds first, so this is a bug if it surfaces.
     #[error("wrong model kind: {0}")]
     WrongKind(&'static str),
+    /// The model's output for one input holds NaN or an infinity, which JSON cannot carry
+    /// (it would reach the caller as nulls) and no index should store. Not retryable: the
+    /// same input through the same model and dtype gives it again.
+    #[error("the model's output for {field}[{index}] is not finite (NaN or infinity) in {precision}: {fix}")]
+    NonFiniteOutput {
+        /// The request field the input came from (`texts`, `documents`).
+        field: &'static str,
+        /// Its position there.
+        index: usize,
+        /// What the model computed in (`f16`, `f32`, `int8`, ...).
+        precision: &'static str,
+        /// What to do about it.
+        fix: &'static str,
+    },
     /// The engine thread is gone (the worker is shutting down). Retryable: another worker
     /// or a restarted one can serve the task.
     #[error("the model engine has stopped")]

@@ -150,22 +150,9 @@ fn a_sharded_bf16_checkpoint_matches_sentence_transformers() {
     assert!(id.parameters > 0);
 }
 
-/// A copy of a fixture directory in a temporary folder, to break on purpose.
+/// A copy of one of this repository's fixtures in a temporary folder, to break on purpose.
 fn copy_fixture(name: &str) -> tempfile::TempDir {
-    let tmp = tempfile::tempdir().unwrap();
-    fn copy(from: &std::path::Path, to: &std::path::Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for e in std::fs::read_dir(from).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                copy(&p, &to.join(e.file_name()));
-            } else {
-                std::fs::copy(&p, to.join(e.file_name())).unwrap();
-            }
-        }
-    }
-    copy(&own_fixture(name), tmp.path());
-    tmp
+    copy_dir(&own_fixture(name))
 }
 
 fn load_err(dir: &std::path::Path) -> String {

@@ -35,6 +35,10 @@ pub mod failure {
     /// The result would exceed Temporal's payload limit. Never retried: the same call
     /// produces the same size; the message says how to make it smaller.
     pub const RESULT_TOO_LARGE: &str = "ResultTooLarge";
+    /// The model's output for an input holds NaN or an infinity (half precision
+    /// overflowed, or the weights hold such values). Never retried: the same input gives
+    /// it again; the message names the input and the fix.
+    pub const NON_FINITE_OUTPUT: &str = "NonFiniteOutput";
     /// An activity type this worker does not serve. Never retried.
     pub const UNKNOWN_ACTIVITY: &str = "UnknownActivity";
     /// The card ran out of memory during the task. Retried by Temporal's policy; the
@@ -59,11 +63,12 @@ pub mod failure {
 
     /// Every failure type with whether Temporal retries it (the failure's
     /// `non_retryable` is the opposite), for the published schema and client packages.
-    pub const ALL: [(&str, bool); 11] = [
+    pub const ALL: [(&str, bool); 12] = [
         (INVALID_INPUT, false),
         (UNKNOWN_MODEL, false),
         (TEXT_TOO_LONG, false),
         (RESULT_TOO_LARGE, false),
+        (NON_FINITE_OUTPUT, false),
         (UNKNOWN_ACTIVITY, false),
         (GPU_OUT_OF_MEMORY, true),
         (MODEL_FAILURE, true),

@@ -50,7 +50,7 @@ CASES = [
      {"payload": {"query": "q", "documents": ["d"]}, "extra_args": ["second"]}, "InvalidInput"),
 ]
 
-KNOWN_TYPES = {"InvalidInput", "UnknownModel", "ModelNotServed", "TextTooLong", "ResultTooLarge",
+KNOWN_TYPES = {"InvalidInput", "UnknownModel", "ModelNotServed", "TextTooLong", "ResultTooLarge", "NonFiniteOutput",
                "UnknownActivity", "GpuOutOfMemory", "ModelFailure", "WorkerShutdown", "InternalError"}
 
 

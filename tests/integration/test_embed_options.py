@@ -44,3 +44,48 @@ def test_prompt_prefixes_the_texts(temporal_address, gpulane):
     assert err["type"] == "InvalidInput" and '"prompt_name"' in err["message"], err
     err = call(temporal_address, "embed", "cpu-tools", {"texts": ["x"], "dimensions": 1000})["error"]
     assert err["type"] == "InvalidInput" and "384" in err["message"], err
+
+
+def poisoned_copy(tmp_path, fixture, tensor, word="the"):
+    """A copy of a fixture model whose embedding row for `word` is NaN: only texts holding
+    the word give a non-finite output."""
+    import json
+    import shutil
+
+    from conftest import FIXTURES
+
+    dst = tmp_path / f"poisoned-{fixture}"
+    shutil.copytree(FIXTURES / fixture, dst)
+    token = (dst / "vocab.txt").read_text().splitlines().index(word)
+    path = dst / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    size = struct.unpack("<Q", data[:8])[0]
+    t = json.loads(data[8:8 + size])[tensor]
+    hidden = t["shape"][1]
+    start = 8 + size + t["data_offsets"][0] + token * hidden * 4
+    data[start:start + hidden * 4] = struct.pack(f"<{hidden}f", *[float("nan")] * hidden)
+    path.write_bytes(bytes(data))
+    return dst
+
+
+def test_a_non_finite_output_fails_naming_the_input_and_the_worker_keeps_serving(
+        temporal_address, gpulane, tmp_path):
+    embedder = poisoned_copy(tmp_path, "tiny-bert-cls", "embeddings.word_embeddings.weight")
+    reranker = poisoned_copy(tmp_path, "tiny-cross-encoder", "bert.embeddings.word_embeddings.weight")
+    gpulane("--gpus", "none", "--model", f"nan-embed={embedder}", "--model", f"nan-rerank={reranker}")
+
+    err = call(temporal_address, "embed", "cpu-tools",
+               {"texts": ["a cat sat", "on the mat"], "model": "nan-embed"})["error"]
+    assert err["type"] == "NonFiniteOutput" and err["non_retryable"], err
+    for fragment in ["texts[1]", "f32", "checkpoint"]:
+        assert fragment in err["message"], (fragment, err["message"])
+    err = call(temporal_address, "rerank", "cpu-tools",
+               {"query": "a question", "documents": ["no dog", "the end"], "model": "nan-rerank"})["error"]
+    assert err["type"] == "NonFiniteOutput" and "documents[1]" in err["message"], err
+
+    # Base64 would have carried the NaN bits silently; it is refused the same way.
+    err = call(temporal_address, "embed", "cpu-tools",
+               {"texts": ["the"], "model": "nan-embed", "encoding": "base64"})["error"]
+    assert err["type"] == "NonFiniteOutput", err
+    out = call(temporal_address, "embed", "cpu-tools", {"texts": ["a cat sat"], "model": "nan-embed"})["ok"]
+    assert all(x == x for x in out["embeddings"][0])

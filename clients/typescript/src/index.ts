@@ -46,6 +46,8 @@ export const Failure = {
   TEXT_TOO_LONG: 'TextTooLong',
   /** The result would exceed Temporal's payload limit. Never retried. */
   RESULT_TOO_LARGE: 'ResultTooLarge',
+  /** The model's output for an input holds NaN or infinity (half precision overflowed, or the weights hold such values). Never retried. */
+  NON_FINITE_OUTPUT: 'NonFiniteOutput',
   /** An activity type this worker does not serve. Never retried. */
   UNKNOWN_ACTIVITY: 'UnknownActivity',
   /** The card ran out of memory during the task. Retried. */
@@ -78,6 +80,7 @@ export const NON_RETRYABLE_FAILURES: readonly Failure[] = Object.freeze([
   Failure.UNKNOWN_MODEL,
   Failure.TEXT_TOO_LONG,
   Failure.RESULT_TOO_LARGE,
+  Failure.NON_FINITE_OUTPUT,
   Failure.UNKNOWN_ACTIVITY,
 ]);
 
@@ -97,6 +100,7 @@ export const WORKER_FAILURES: readonly Failure[] = Object.freeze([
   Failure.UNKNOWN_MODEL,
   Failure.TEXT_TOO_LONG,
   Failure.RESULT_TOO_LARGE,
+  Failure.NON_FINITE_OUTPUT,
   Failure.UNKNOWN_ACTIVITY,
   Failure.GPU_OUT_OF_MEMORY,
   Failure.MODEL_FAILURE,

@@ -125,6 +125,9 @@ export type TextTooLong = InstanceType<typeof TextTooLong>;
 /** `ResultTooLarge`: the result would exceed the payload limit. Never retried. */
 export const ResultTooLarge = failureClass(Failure.RESULT_TOO_LARGE, false);
 export type ResultTooLarge = InstanceType<typeof ResultTooLarge>;
+/** `NonFiniteOutput`: the model's output for an input holds NaN or infinity; the message names the input and the fix. Never retried. */
+export const NonFiniteOutput = failureClass(Failure.NON_FINITE_OUTPUT, false);
+export type NonFiniteOutput = InstanceType<typeof NonFiniteOutput>;
 /** `UnknownActivity`: an activity type the worker does not serve. Never retried. */
 export const UnknownActivity = failureClass(Failure.UNKNOWN_ACTIVITY, false);
 export type UnknownActivity = InstanceType<typeof UnknownActivity>;
@@ -160,6 +163,7 @@ export const FAILURE_CLASSES: Readonly<Record<Failure, GpulaneErrorClass>> = Obj
   [Failure.UNKNOWN_MODEL]: UnknownModel,
   [Failure.TEXT_TOO_LONG]: TextTooLong,
   [Failure.RESULT_TOO_LARGE]: ResultTooLarge,
+  [Failure.NON_FINITE_OUTPUT]: NonFiniteOutput,
   [Failure.UNKNOWN_ACTIVITY]: UnknownActivity,
   [Failure.GPU_OUT_OF_MEMORY]: GpuOutOfMemory,
   [Failure.MODEL_FAILURE]: ModelFailure,

@@ -103,3 +103,21 @@ pub fn own_fixture(name: &str) -> PathBuf {
         .join("tests/data")
         .join(name)
 }
+
+/// A copy of a model directory in a temporary folder, to break on purpose.
+pub fn copy_dir(from: &Path) -> tempfile::TempDir {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                copy(&p, &to.join(e.file_name()));
+            } else {
+                std::fs::copy(&p, to.join(e.file_name())).unwrap();
+            }
+        }
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    copy(from, tmp.path());
+    tmp
+}

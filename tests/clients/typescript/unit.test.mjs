@@ -41,6 +41,7 @@ test('constants are the worker\'s', () => {
     UNKNOWN_MODEL: 'UnknownModel',
     TEXT_TOO_LONG: 'TextTooLong',
     RESULT_TOO_LARGE: 'ResultTooLarge',
+    NON_FINITE_OUTPUT: 'NonFiniteOutput',
     UNKNOWN_ACTIVITY: 'UnknownActivity',
     GPU_OUT_OF_MEMORY: 'GpuOutOfMemory',
     MODEL_FAILURE: 'ModelFailure',
@@ -52,7 +53,7 @@ test('constants are the worker\'s', () => {
   });
   assert.equal(CARD_LOST, 'CardLost');
   assert.deepEqual([...NON_RETRYABLE_FAILURES].sort(),
-    ['InvalidInput', 'ResultTooLarge', 'TextTooLong', 'UnknownActivity', 'UnknownModel']);
+    ['InvalidInput', 'NonFiniteOutput', 'ResultTooLarge', 'TextTooLong', 'UnknownActivity', 'UnknownModel']);
   assert.deepEqual([...root.RETRIED_FAILURES].sort(),
     ['GpuOutOfMemory', 'InternalError', 'ModelFailure', 'ModelNotServed', 'StorageUnavailable', 'WorkerShutdown']);
   assert.deepEqual([...root.WORKER_FAILURES].sort(), [...NON_RETRYABLE_FAILURES, ...root.RETRIED_FAILURES].sort());

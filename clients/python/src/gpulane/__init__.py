@@ -7,7 +7,7 @@ Workflow helpers live in `gpulane.workflow`; the sharded dataset job in `gpulane
 """
 
 from .errors import (BY_TYPE, CardLost, GpulaneError, GpuOutOfMemory, InternalError,
-                     InvalidInput, ModelFailure, ModelNotServed, ResultTooLarge,
+                     InvalidInput, ModelFailure, ModelNotServed, NonFiniteOutput, ResultTooLarge,
                      StorageUnavailable, TextTooLong, UnknownActivity, UnknownModel,
                      WorkerShutdown, typed_error)
 from .names import (CPU_TOOLS, GPU_TOOLS, MODEL_NAME_MAX, MODEL_QUEUE_SEPARATOR,

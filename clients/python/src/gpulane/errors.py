@@ -37,6 +37,10 @@ TextTooLong = _failure("TextTooLong", Failure.TEXT_TOO_LONG,
                        "A text is over the model's limit and truncate is false.")
 ResultTooLarge = _failure("ResultTooLarge", Failure.RESULT_TOO_LARGE,
                           "The result would exceed the payload limit; ask for base64 or fewer dimensions, or use embed_dataset.")
+NonFiniteOutput = _failure("NonFiniteOutput", Failure.NON_FINITE_OUTPUT,
+                           "The model's output for an input holds NaN or infinity (half precision "
+                           "overflowed, or the weights hold such values); the message names the "
+                           "input and the fix.")
 UnknownActivity = _failure("UnknownActivity", Failure.UNKNOWN_ACTIVITY,
                            "An activity type gpulane does not serve.")
 GpuOutOfMemory = _failure("GpuOutOfMemory", Failure.GPU_OUT_OF_MEMORY,
@@ -58,7 +62,8 @@ CardLost = _failure("CardLost", Failure.CARD_LOST,
 
 BY_TYPE: Dict[str, Type[GpulaneError]] = {
     cls.TYPE: cls
-    for cls in (InvalidInput, UnknownModel, TextTooLong, ResultTooLarge, UnknownActivity,
+    for cls in (InvalidInput, UnknownModel, TextTooLong, ResultTooLarge, NonFiniteOutput,
+                UnknownActivity,
                 GpuOutOfMemory, ModelFailure, ModelNotServed, WorkerShutdown, InternalError,
                 StorageUnavailable, CardLost)
 }

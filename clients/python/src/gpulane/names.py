@@ -44,6 +44,7 @@ class Failure:
     UNKNOWN_MODEL = "UnknownModel"
     TEXT_TOO_LONG = "TextTooLong"
     RESULT_TOO_LARGE = "ResultTooLarge"
+    NON_FINITE_OUTPUT = "NonFiniteOutput"
     UNKNOWN_ACTIVITY = "UnknownActivity"
     GPU_OUT_OF_MEMORY = "GpuOutOfMemory"
     MODEL_FAILURE = "ModelFailure"
@@ -61,7 +62,8 @@ class Failure:
     )
     """The worker's failure types Temporal retries; the others are final."""
     ALL = frozenset(
-        {INVALID_INPUT, UNKNOWN_MODEL, TEXT_TOO_LONG, RESULT_TOO_LARGE, UNKNOWN_ACTIVITY}
+        {INVALID_INPUT, UNKNOWN_MODEL, TEXT_TOO_LONG, RESULT_TOO_LARGE, NON_FINITE_OUTPUT,
+         UNKNOWN_ACTIVITY}
     ) | RETRIED
     """Every failure type the worker raises."""
 
