@@ -116,6 +116,35 @@ impl ActivityError {
         }
     }
 
+    /// The same failure with the input it names counted from `first`, not from the start
+    /// of one engine call: `embed_dataset` feeds the engine the source in chunks, and its
+    /// caller knows the source's rows, not a chunk's positions.
+    pub(crate) fn counted_from(self, first: usize) -> Self {
+        match self {
+            ActivityError::Model(ModelError::TextTooLong {
+                index,
+                tokens,
+                limit,
+            }) => ActivityError::Model(ModelError::TextTooLong {
+                index: first + index,
+                tokens,
+                limit,
+            }),
+            ActivityError::Model(ModelError::NonFiniteOutput {
+                index,
+                precision,
+                fix,
+                ..
+            }) => ActivityError::Model(ModelError::NonFiniteOutput {
+                field: "source rows",
+                index: first + index,
+                precision,
+                fix,
+            }),
+            other => other,
+        }
+    }
+
     /// Whether the device ran out of memory, which the runtime learns from.
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, ActivityError::Model(ModelError::OutOfMemory(_)))

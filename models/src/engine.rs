@@ -537,16 +537,15 @@ impl Engine {
     }
 
     /// The failure for an output that is not finite, with the fix that fits the model's
-    /// precision: half precision overflows (f16 tops out at 65,504) where f32 does not,
-    /// so there the fix is f32; in f32 (int8 keeps activations in f32) the weights or the
-    /// checkpoint are the suspects.
+    /// precision: f16 overflows where f32 does not, so there the fix is f32; bf16 and f32
+    /// (int8 keeps activations in f32) share a range, so there the checkpoint is the suspect.
     fn non_finite(&self, field: &'static str, index: usize) -> ModelError {
         let identity = self.kind.identity();
         let precision = identity.precision();
-        let fix = if matches!(identity.dtype, DType::F16 | DType::BF16) {
-            "half precision overflowed; serve this model in f32 (dtype = \"f32\" in the models file) or send the call to cpu-tools"
-        } else {
-            "f32 does not overflow on sane weights: check the checkpoint for NaN or infinite values"
+        let fix = match identity.dtype {
+            DType::F16 => "most likely f16 overflowed (it tops out at 65,504): serve this model in f32 (dtype = \"f32\" in the models file) or send the call to cpu-tools; else the checkpoint holds NaN or infinite values",
+            // bf16 has f32's range: overflow is as unlikely as in f32.
+            _ => "the checkpoint most likely holds NaN or infinite values (f32's range does not overflow on sane weights): check it, or try the model in f32 on cpu-tools",
         };
         ModelError::NonFiniteOutput {
             field,

@@ -210,6 +210,11 @@ impl Health {
                         // The engine answered; another tenant holds the card. Admission
                         // already stops polling it; restarting the worker would not help.
                         Ok(Err(gpulane_models::ModelError::OutOfMemory(_))) => Ok(()),
+                        // The engine answered, with NaN: the model (or its dtype) is at
+                        // fault, and a restart would load the same model and kill the
+                        // process's other lanes, the cpu-tools one the failure's message
+                        // sends callers to among them. Each call says so itself.
+                        Ok(Err(gpulane_models::ModelError::NonFiniteOutput { .. })) => Ok(()),
                         Ok(Err(e)) => Err(format!("the probe failed: {e}")),
                         // Still finishing other batches, or in one long one: busy, not
                         // stuck.

@@ -2,6 +2,7 @@
 
 import base64
 import struct
+import time
 
 from conftest import minilm_dir
 from test_rerank import call
@@ -46,9 +47,9 @@ def test_prompt_prefixes_the_texts(temporal_address, gpulane):
     assert err["type"] == "InvalidInput" and "384" in err["message"], err
 
 
-def poisoned_copy(tmp_path, fixture, tensor, word="the"):
-    """A copy of a fixture model whose embedding row for `word` is NaN: only texts holding
-    the word give a non-finite output."""
+def poisoned_copy(tmp_path, fixture, tensor, words=("the",)):
+    """A copy of a fixture model whose embedding rows for `words` are NaN: only texts
+    holding one of them give a non-finite output."""
     import json
     import shutil
 
@@ -56,23 +57,33 @@ def poisoned_copy(tmp_path, fixture, tensor, word="the"):
 
     dst = tmp_path / f"poisoned-{fixture}"
     shutil.copytree(FIXTURES / fixture, dst)
-    token = (dst / "vocab.txt").read_text().splitlines().index(word)
+    vocab = (dst / "vocab.txt").read_text().splitlines()
     path = dst / "model.safetensors"
     data = bytearray(path.read_bytes())
     size = struct.unpack("<Q", data[:8])[0]
     t = json.loads(data[8:8 + size])[tensor]
     hidden = t["shape"][1]
-    start = 8 + size + t["data_offsets"][0] + token * hidden * 4
-    data[start:start + hidden * 4] = struct.pack(f"<{hidden}f", *[float("nan")] * hidden)
+    for word in words:
+        start = 8 + size + t["data_offsets"][0] + vocab.index(word) * hidden * 4
+        data[start:start + hidden * 4] = struct.pack(f"<{hidden}f", *[float("nan")] * hidden)
     path.write_bytes(bytes(data))
     return dst
 
 
 def test_a_non_finite_output_fails_naming_the_input_and_the_worker_keeps_serving(
         temporal_address, gpulane, tmp_path):
-    embedder = poisoned_copy(tmp_path, "tiny-bert-cls", "embeddings.word_embeddings.weight")
+    import json
+
+    from datasets import Local
+    from test_dataset import try_dataset
+
+    # "ok" is what the health probe embeds: a model that answers it with NaN is at fault,
+    # not dead, and a restart would not mend it.
+    embedder = poisoned_copy(tmp_path, "tiny-bert-cls", "embeddings.word_embeddings.weight", ("the", "ok"))
     reranker = poisoned_copy(tmp_path, "tiny-cross-encoder", "bert.embeddings.word_embeddings.weight")
-    gpulane("--gpus", "none", "--model", f"nan-embed={embedder}", "--model", f"nan-rerank={reranker}")
+    loc = Local(tmp_path / "data")
+    g = gpulane("--gpus", "none", "--model", f"nan-embed={embedder}", "--model", f"nan-rerank={reranker}",
+                "--data-root", loc.root_uri)
 
     err = call(temporal_address, "embed", "cpu-tools",
                {"texts": ["a cat sat", "on the mat"], "model": "nan-embed"})["error"]
@@ -87,5 +98,16 @@ def test_a_non_finite_output_fails_naming_the_input_and_the_worker_keeps_serving
     err = call(temporal_address, "embed", "cpu-tools",
                {"texts": ["the"], "model": "nan-embed", "encoding": "base64"})["error"]
     assert err["type"] == "NonFiniteOutput", err
+    # A dataset names the source's row, not a position in one of the chunks it is fed in.
+    rows = [{"id": i, "text": "on the mat" if i == 130 else f"row {i}"} for i in range(150)]
+    source = loc.put("in/poisoned.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    err = try_dataset(temporal_address, "cpu-tools",
+                      {"source": source, "id_column": "id", "text_column": "text",
+                       "output": loc.uri("out/"), "model": "nan-embed"}, workers=[g])["error"]
+    assert err["type"] == "NonFiniteOutput" and err["non_retryable"], err
+    assert "source rows[130]" in err["message"], err
+
     out = call(temporal_address, "embed", "cpu-tools", {"texts": ["a cat sat"], "model": "nan-embed"})["ok"]
     assert all(x == x for x in out["embeddings"][0])
+    time.sleep(6)  # the health checks run every 5 s
+    assert g.get("/healthz") == (200, "ok\n"), g.get("/healthz")

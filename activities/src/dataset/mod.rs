@@ -258,7 +258,7 @@ pub(crate) async fn run(
         }
         call.progress.reset();
         let (mut vectors, mut counts) = (Vec::with_capacity(b - a), Vec::with_capacity(b - a));
-        for chunk in table.texts[a..b].chunks(CHUNK) {
+        for (c, chunk) in table.texts[a..b].chunks(CHUNK).enumerate() {
             let e = svc
                 .embed_texts(
                     engine,
@@ -267,7 +267,8 @@ pub(crate) async fn run(
                     call.progress,
                     call.priority(),
                 )
-                .await?;
+                .await
+                .map_err(|e| e.counted_from(a + c * CHUNK))?;
             dims = e.dimensions;
             vectors.extend(e.vectors);
             counts.extend(e.token_counts);

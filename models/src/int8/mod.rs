@@ -76,11 +76,21 @@ impl QuantLinear {
         let mut sums = vec![0i32; n];
         for (c, row) in w.chunks_exact(k).enumerate() {
             let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let s = if max > 0.0 { max / 127.0 } else { 1.0 };
+            // A column holding NaN or an infinity: its f32 outputs would not be finite, so
+            // its scale is NaN (and its weights zeros), which makes every output of it NaN
+            // rather than a product of the finite weights alone (`max` skips NaN).
+            let s = if row.iter().any(|v| !v.is_finite()) {
+                f32::NAN
+            } else if max > 0.0 {
+                max / 127.0
+            } else {
+                1.0
+            };
             scale[c] = s;
             let (p, col) = (c / PANEL, c % PANEL);
             let mut sum = 0i32;
             for (i, v) in row.iter().enumerate() {
+                // NaN (a column with a non-finite value) converts to 0.
                 let q = (v / s).round().clamp(-127.0, 127.0) as i8;
                 sum += q as i32;
                 packed[((p * (k4 / 4) + i / 4) * PANEL + col) * 4 + i % 4] = q;

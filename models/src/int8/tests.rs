@@ -39,7 +39,20 @@ fn reads(isa: CpuIsa, layout: CpuIsa) -> bool {
 
 /// The product of quantized rows on `isa`'s route (the portable one at `Baseline`).
 fn product(q: &QuantLinear, isa: CpuIsa, rows: &Quantized, m: usize, epi: Epilogue) -> Vec<f32> {
-    let mut y = vec![Out::new(f32::NAN); m * q.n];
+    product_over(q, isa, rows, m, epi, f32::NAN)
+}
+
+/// [`product`] into outputs first set to `fill` (a finite one, where a test looks for
+/// NaN outputs, so that an output left unwritten cannot pass for one).
+fn product_over(
+    q: &QuantLinear,
+    isa: CpuIsa,
+    rows: &Quantized,
+    m: usize,
+    epi: Epilogue,
+    fill: f32,
+) -> Vec<f32> {
+    let mut y = vec![Out::new(fill); m * q.n];
     q.matmul_on(isa, rows, m, &mut y, epi);
     // SAFETY: initialized above; the kernel overwrote them.
     y.iter().map(|v| unsafe { v.assume_init() }).collect()
@@ -190,7 +203,8 @@ fn non_finite_rows_come_out_nan_on_every_route() {
     let clean = q.forward(&x, m, Epilogue::None);
     let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-        // The first lane, a middle one, the last of the whole vectors, and the tail's.
+        // The first lane, a middle one, the last of a 64-value group (the AVX-512
+        // quantizer's wide store), and the tail's (k = 81: one past five whole vectors).
         for at in [0, 9, 63, 80] {
             let row = 2;
             let mut x = x.clone();
@@ -232,7 +246,7 @@ fn non_finite_rows_come_out_nan_on_every_route() {
                     let mut isas = vec![CpuIsa::Baseline];
                     isas.extend(routes().into_iter().filter(|&isa| reads(isa, layout)));
                     for isa in isas {
-                        let got = product(&q, isa, &rows, m, epi);
+                        let got = product_over(&q, isa, &rows, m, epi, 12.5);
                         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                             if i / n == row {
                                 assert!(
@@ -252,7 +266,40 @@ fn non_finite_rows_come_out_nan_on_every_route() {
             }
         }
     }
-    assert!(clean.iter().all(|v| v.is_finite()));
+    // And through `forward`, the route and task split this CPU takes in service.
+    let mut x = x;
+    x[2 * k + 40] = f32::NAN;
+    let got = q.forward(&x, m, Epilogue::None);
+    for (i, (g, c)) in got.iter().zip(&clean).enumerate() {
+        if i / n == 2 {
+            assert!(g.is_nan(), "forward: output {i} is {g}");
+        } else {
+            assert_eq!(g.to_bits(), c.to_bits(), "forward: output {i}");
+        }
+    }
+}
+
+/// A weight column holding NaN or an infinity makes that output NaN for every row, as
+/// its f32 product would not be finite either; the other columns are unchanged.
+#[test]
+fn a_non_finite_weight_column_comes_out_nan() {
+    let (m, n, k) = (3, 20, 70);
+    let mut seed = 17;
+    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+    let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed) * 0.1).collect();
+    let clean = QuantLinear::new(&w, n, k).forward(&x, m, Epilogue::None);
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut w = w.clone();
+        w[5 * k + 33] = bad;
+        let got = QuantLinear::new(&w, n, k).forward(&x, m, Epilogue::None);
+        for (i, (g, c)) in got.iter().zip(&clean).enumerate() {
+            if i % n == 5 {
+                assert!(g.is_nan(), "{bad}: output {i} is {g}");
+            } else {
+                assert_eq!(g.to_bits(), c.to_bits(), "{bad}: output {i}");
+            }
+        }
+    }
 }
 
 /// A zero row or column quantizes with scale 1, not a division by zero.
