@@ -74,6 +74,12 @@ fn model_message(e: &ModelError) -> String {
         ModelError::TextTooLong { .. } => {
             format!("{e}: set \"truncate\" to true (the default) to cut it, or shorten the text")
         }
+        ModelError::NonFiniteOutput { precision: "f16", .. } => format!(
+            "{e}; serve this model in f32 (dtype = \"f32\" in the models file) or send the call to cpu-tools"
+        ),
+        ModelError::NonFiniteOutput { .. } => {
+            format!("{e}; check the checkpoint, or try the model in f32 on cpu-tools")
+        }
         _ => e.to_string(),
     }
 }
@@ -133,13 +139,13 @@ impl ActivityError {
             ActivityError::Model(ModelError::NonFiniteOutput {
                 index,
                 precision,
-                fix,
+                cause,
                 ..
             }) => ActivityError::Model(ModelError::NonFiniteOutput {
                 field: "source rows",
                 index: first + index,
                 precision,
-                fix,
+                cause,
             }),
             other => other,
         }
@@ -215,7 +221,7 @@ mod tests {
                 field: "texts",
                 index: 0,
                 precision: "f16",
-                fix: "x",
+                cause: "x",
             }),
             ActivityError::Model(ModelError::EngineStopped),
         ];
@@ -232,5 +238,49 @@ mod tests {
                 "{name} is published but never raised here"
             );
         }
+    }
+
+    fn non_finite(precision: &'static str) -> ActivityError {
+        ActivityError::Model(ModelError::NonFiniteOutput {
+            field: "texts",
+            index: 2,
+            precision,
+            cause: "a cause",
+        })
+    }
+
+    /// A non-finite output's message ends with the remedy for its precision: f32 or the
+    /// CPU lane for f16, the checkpoint otherwise.
+    #[test]
+    fn a_non_finite_output_says_what_to_do_for_its_precision() {
+        let f16 = non_finite("f16").to_string();
+        assert!(
+            f16.contains("texts[2]")
+                && f16.contains("dtype = \"f32\"")
+                && f16.contains("cpu-tools"),
+            "{f16}"
+        );
+        let f32 = non_finite("f32").to_string();
+        assert!(
+            f32.contains("check the checkpoint") && !f32.contains("dtype ="),
+            "{f32}"
+        );
+    }
+
+    /// `embed_dataset`'s chunks name the source's rows: a chunk's positions are shifted by
+    /// where the chunk starts, and a non-finite output names `source rows`.
+    #[test]
+    fn dataset_failures_count_from_the_chunk_start() {
+        let too_long = ActivityError::Model(ModelError::TextTooLong {
+            index: 3,
+            tokens: 300,
+            limit: 256,
+        })
+        .counted_from(128);
+        assert!(too_long.to_string().contains("texts[131]"), "{too_long}");
+        let nan = non_finite("f32").counted_from(128).to_string();
+        assert!(nan.contains("source rows[130]"), "{nan}");
+        let other = ActivityError::Internal("x".into()).counted_from(128);
+        assert!(matches!(other, ActivityError::Internal(_)));
     }
 }

@@ -536,22 +536,22 @@ impl Engine {
         Ok((out, token_counts))
     }
 
-    /// The failure for an output that is not finite, with the fix that fits the model's
-    /// precision: f16 overflows where f32 does not, so there the fix is f32; bf16 and f32
-    /// (int8 keeps activations in f32) share a range, so there the checkpoint is the suspect.
+    /// The failure for an output that is not finite, with the likely cause for the model's
+    /// precision: f16 overflows where f32 does not; bf16 and f32 (int8 keeps activations in
+    /// f32) share a range, so there the checkpoint is the suspect. What to do about it is
+    /// the activities layer's to say (it knows the lanes and the models file).
     fn non_finite(&self, field: &'static str, index: usize) -> ModelError {
         let identity = self.kind.identity();
-        let precision = identity.precision();
-        let fix = match identity.dtype {
-            DType::F16 => "most likely f16 overflowed (it tops out at 65,504): serve this model in f32 (dtype = \"f32\" in the models file) or send the call to cpu-tools; else the checkpoint holds NaN or infinite values",
+        let cause = match identity.dtype {
+            DType::F16 => "most likely f16 overflowed (it tops out at 65,504), else the checkpoint holds NaN or infinite values",
             // bf16 has f32's range: overflow is as unlikely as in f32.
-            _ => "the checkpoint most likely holds NaN or infinite values (f32's range does not overflow on sane weights): check it, or try the model in f32 on cpu-tools",
+            _ => "the checkpoint most likely holds NaN or infinite values (f32's range does not overflow on sane weights)",
         };
         ModelError::NonFiniteOutput {
             field,
             index,
-            precision,
-            fix,
+            precision: identity.precision(),
+            cause,
         }
     }
 

@@ -64,7 +64,7 @@ pub enum ModelError {
     /// The model's output for one input holds NaN or an infinity, which JSON cannot carry
     /// (it would reach the caller as nulls) and no index should store. Not retryable: the
     /// same input through the same model and dtype gives it again.
-    #[error("the model's output for {field}[{index}] is not finite (NaN or infinity) in {precision}: {fix}")]
+    #[error("the model's output for {field}[{index}] is not finite (NaN or infinity) in {precision}: {cause}")]
     NonFiniteOutput {
         /// The request field the input came from (`texts`, `documents`).
         field: &'static str,
@@ -72,8 +72,8 @@ pub enum ModelError {
         index: usize,
         /// What the model computed in (`f16`, `f32`, `int8`, ...).
         precision: &'static str,
-        /// What to do about it.
-        fix: &'static str,
+        /// The likely cause, for that precision.
+        cause: &'static str,
     },
     /// The engine thread is gone (the worker is shutting down). Retryable: another worker
     /// or a restarted one can serve the task.
