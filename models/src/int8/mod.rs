@@ -147,6 +147,11 @@ impl QuantLinear {
         } else {
             (self.k4, rows)
         };
+        assert!(
+            isa.runs_here(),
+            "int8 at {isa:?} on a CPU with {:?}",
+            CpuIsa::detected()
+        );
         let mut q = vec![0u8; padded * stride];
         let mut scales = vec![RowScale::default(); rows];
         for ((row, q), s) in x
@@ -154,21 +159,8 @@ impl QuantLinear {
             .zip(q.chunks_exact_mut(stride))
             .zip(scales.iter_mut())
         {
-            let q = &mut q[..self.k];
-            #[cfg(target_arch = "x86_64")]
-            {
-                if isa >= CpuIsa::Avx512Vnni {
-                    // SAFETY: the CPU has AVX-512 F and BW.
-                    *s = unsafe { avx512::quantize_row(row, q) };
-                    continue;
-                }
-                if isa >= CpuIsa::Avx2 {
-                    // SAFETY: the CPU has AVX2.
-                    *s = unsafe { avx2::quantize_row(row, q) };
-                    continue;
-                }
-            }
-            *s = quantize_row(row, q);
+            // SAFETY: checked above.
+            *s = unsafe { quantize_row_on(isa, row, &mut q[..self.k]) };
         }
         Quantized { q, stride, scales }
     }
@@ -321,6 +313,26 @@ fn quantize_row(row: &[f32], q: &mut [u8]) -> RowScale {
         *q = ((v * inv).round_ties_even() as i32 + rs.zero).clamp(0, 255) as u8;
     }
     rs
+}
+
+/// One row quantized by the route of `isa` (AMX rows take the VNNI route's quantizer);
+/// every route gives the same bytes and scale.
+///
+/// # Safety
+/// `isa.runs_here()`: callers check it once, not per row.
+unsafe fn quantize_row_on(isa: CpuIsa, row: &[f32], q: &mut [u8]) -> RowScale {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= CpuIsa::Avx512Vnni {
+            // SAFETY: the CPU has AVX-512 F and BW (the caller's contract).
+            return unsafe { avx512::quantize_row(row, q) };
+        }
+        if isa >= CpuIsa::Avx2 {
+            // SAFETY: the CPU has AVX2 (the caller's contract).
+            return unsafe { avx2::quantize_row(row, q) };
+        }
+    }
+    quantize_row(row, q)
 }
 
 /// Whether a tuned kernel (AMX, VNNI or AVX2) runs here; else the portable one.

@@ -3,6 +3,11 @@
 use super::*;
 use crate::dense::tests::lcg;
 
+/// `len` deterministic values in [-scale, scale).
+fn values(len: usize, seed: &mut u64, scale: f32) -> Vec<f32> {
+    (0..len).map(|_| lcg(seed) * scale).collect()
+}
+
 fn reference(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
     let mut y = vec![0f32; m * n];
     for r in 0..m {
@@ -80,8 +85,8 @@ fn matches_f32_product_on_every_edge() {
         (47, 1536, 384),
         (3, 384, 1536),
     ] {
-        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-        let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed) * 0.1).collect();
+        let x = values(m * k, &mut seed, 1.0);
+        let w = values(n * k, &mut seed, 0.1);
         let q = QuantLinear::new(&w, n, k);
         let want = reference(&x, &w, m, n, k);
         let got = q.forward(&x, m, Epilogue::None);
@@ -116,9 +121,9 @@ fn matches_f32_product_on_every_edge() {
 fn epilogues_match_the_product_then_bias_and_gelu() {
     let (m, n, k) = (11, 40, 24);
     let mut seed = 3;
-    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-    let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed) * 0.3).collect();
-    let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+    let x = values(m * k, &mut seed, 1.0);
+    let w = values(n * k, &mut seed, 0.3);
+    let b = values(n, &mut seed, 1.0);
     let q = QuantLinear::new(&w, n, k);
     let plain = q.forward(&x, m, Epilogue::None);
     let rows = q.quantize_rows(CpuIsa::detected(), &x, m);
@@ -161,19 +166,13 @@ fn a_subnormal_range_is_a_row_of_zeros() {
 fn quantizers_agree_bit_for_bit() {
     let mut seed = 9;
     for k in [1, 7, 8, 17, 33, 64, 81, 200, 384] {
-        let row: Vec<f32> = (0..k).map(|_| lcg(&mut seed) * 3.0).collect();
+        let row = values(k, &mut seed, 3.0);
         let mut want = vec![0u8; k];
         let rs = quantize_row(&row, &mut want);
-        #[cfg(target_arch = "x86_64")]
         for isa in routes() {
             let mut got = vec![0u8; k];
-            // SAFETY: `routes` lists only what the CPU has.
-            let gs = unsafe {
-                match isa {
-                    CpuIsa::Avx512Vnni | CpuIsa::Amx => avx512::quantize_row(&row, &mut got),
-                    _ => avx2::quantize_row(&row, &mut got),
-                }
-            };
+            // SAFETY: `routes` lists only what runs here.
+            let gs = unsafe { quantize_row_on(isa, &row, &mut got) };
             assert_eq!(
                 (got, bits(gs)),
                 (want.clone(), bits(rs)),
@@ -197,11 +196,11 @@ fn bits(rs: RowScale) -> (u32, i32) {
 fn non_finite_rows_come_out_nan_on_every_route() {
     let (m, n, k) = (5, 40, 81);
     let mut seed = 13;
-    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-    let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed) * 0.1).collect();
+    let x = values(m * k, &mut seed, 1.0);
+    let w = values(n * k, &mut seed, 0.1);
     let q = QuantLinear::new(&w, n, k);
     let clean = q.forward(&x, m, Epilogue::None);
-    let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+    let b = values(n, &mut seed, 1.0);
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         // The first lane, a middle one, the last of a 64-value group (the AVX-512
         // quantizer's wide store), and the tail's (k = 81: one past five whole vectors).
@@ -216,18 +215,10 @@ fn non_finite_rows_come_out_nan_on_every_route() {
                 "{bad} at {at}"
             );
             assert_eq!(scalar, vec![0u8; k], "{bad} at {at}");
-            #[cfg(target_arch = "x86_64")]
             for isa in routes() {
                 let mut got = vec![7u8; k];
-                // SAFETY: `routes` lists only what the CPU has.
-                let rs = unsafe {
-                    match isa {
-                        CpuIsa::Avx512Vnni | CpuIsa::Amx => {
-                            avx512::quantize_row(&x[row * k..(row + 1) * k], &mut got)
-                        }
-                        _ => avx2::quantize_row(&x[row * k..(row + 1) * k], &mut got),
-                    }
-                };
+                // SAFETY: `routes` lists only what runs here.
+                let rs = unsafe { quantize_row_on(isa, &x[row * k..(row + 1) * k], &mut got) };
                 assert_eq!(
                     (got, bits(rs)),
                     (scalar.clone(), bits(RowScale::NON_FINITE))
@@ -285,8 +276,8 @@ fn non_finite_rows_come_out_nan_on_every_route() {
 fn a_non_finite_weight_column_comes_out_nan() {
     let (m, n, k) = (3, 20, 70);
     let mut seed = 17;
-    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-    let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed) * 0.1).collect();
+    let x = values(m * k, &mut seed, 1.0);
+    let w = values(n * k, &mut seed, 0.1);
     let clean = QuantLinear::new(&w, n, k).forward(&x, m, Epilogue::None);
     for bad in [f32::NAN, f32::INFINITY] {
         let mut w = w.clone();
