@@ -92,13 +92,13 @@ fn cpu_level() -> CpuIsa {
     }
 }
 
-/// `level`, or AVX-512 VNNI where it is AMX and Linux refuses the tiles. Only an AMX level
-/// asks.
+/// `level` (at most the CPU's), or AVX-512 VNNI where it is AMX and Linux refuses the
+/// tiles: [`CpuIsa::runs_here`]'s rule. Only an AMX level asks.
 fn usable(level: CpuIsa) -> CpuIsa {
-    if level == CpuIsa::Amx && !amx_granted() {
-        CpuIsa::Avx512Vnni
-    } else {
+    if level.runs_here() {
         level
+    } else {
+        CpuIsa::Avx512Vnni
     }
 }
 

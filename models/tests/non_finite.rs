@@ -52,7 +52,8 @@ fn engine(dir: &Path, int8: bool) -> Engine {
     .unwrap()
 }
 
-fn texts(v: &[&str]) -> Vec<String> {
+/// Owned strings, as the engine takes them.
+fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
@@ -69,12 +70,12 @@ fn a_nan_embedding_fails_its_call_naming_the_text() {
         let (bad, good) = rt.block_on(async {
             tokio::join!(
                 e.embed(
-                    texts(&["a cat sat", "on the mat", "the end"]),
+                    strings(&["a cat sat", "on the mat", "the end"]),
                     EmbedOptions::default(),
                     &progress,
                 ),
                 e.embed(
-                    texts(&["a cat sat", "no such word"]),
+                    strings(&["a cat sat", "no such word"]),
                     EmbedOptions::default(),
                     &progress
                 ),
@@ -98,7 +99,7 @@ fn a_nan_embedding_fails_its_call_naming_the_text() {
         let good = good.unwrap_or_else(|err| panic!("{precision}: the clean call failed: {err}"));
         assert!(good.vectors.iter().flatten().all(|v| v.is_finite()));
         let again = rt
-            .block_on(e.embed(texts(&["a cat sat"]), EmbedOptions::default(), &progress))
+            .block_on(e.embed(strings(&["a cat sat"]), EmbedOptions::default(), &progress))
             .unwrap();
         assert_eq!(again.vectors[0], good.vectors[0], "{precision}");
     }
@@ -116,7 +117,7 @@ fn a_nan_score_fails_its_call_naming_the_document() {
     let err = rt
         .block_on(e.score(
             "a question".into(),
-            texts(&["a cat sat", "no dog", "on the mat"]),
+            strings(&["a cat sat", "no dog", "on the mat"]),
             &Progress::default(),
             0,
         ))

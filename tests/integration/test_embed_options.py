@@ -1,10 +1,14 @@
 """Embedding options (dimensions, base64, prompts) and the result-size guard, through Temporal."""
 
 import base64
+import json
+import shutil
 import struct
 import time
 
-from conftest import minilm_dir
+from conftest import FIXTURES, minilm_dir
+from datasets import Local
+from test_dataset import try_dataset
 from test_rerank import call
 
 
@@ -50,11 +54,6 @@ def test_prompt_prefixes_the_texts(temporal_address, gpulane):
 def poisoned_copy(tmp_path, fixture, tensor, words=("the",)):
     """A copy of a fixture model whose embedding rows for `words` are NaN: only texts
     holding one of them give a non-finite output."""
-    import json
-    import shutil
-
-    from conftest import FIXTURES
-
     dst = tmp_path / f"poisoned-{fixture}"
     shutil.copytree(FIXTURES / fixture, dst)
     vocab = (dst / "vocab.txt").read_text().splitlines()
@@ -72,11 +71,6 @@ def poisoned_copy(tmp_path, fixture, tensor, words=("the",)):
 
 def test_a_non_finite_output_fails_naming_the_input_and_the_worker_keeps_serving(
         temporal_address, gpulane, tmp_path):
-    import json
-
-    from datasets import Local
-    from test_dataset import try_dataset
-
     # "ok" is what the health probe embeds: a model that answers it with NaN is at fault,
     # not dead, and a restart would not mend it.
     embedder = poisoned_copy(tmp_path, "tiny-bert-cls", "embeddings.word_embeddings.weight", ("the", "ok"))
