@@ -17,7 +17,7 @@
 use rayon::prelude::*;
 
 use crate::{
-    isa::{cpu_isa, CpuIsa},
+    isa::{cpu_isa, l2_bytes, CpuIsa},
     kernels::gelu,
 };
 
@@ -63,6 +63,21 @@ const PREFETCH: usize = 24;
 /// Rows one task takes: eight tiles, so each weight panel a task reads from cache serves
 /// them all.
 const ROWS_PER_TASK: usize = 8 * MR;
+/// Inner dimensions up to which an AVX-512 task runs tile by tile across a group of
+/// panels, rather than panel by panel across its tiles. A tile's rows (12 × k × 4 bytes:
+/// 18 KiB at k = 384) then stay in L1 while the group's panels stream from L2; panel by
+/// panel, the panel (48 KiB at k = 384) pushed the tile's rows out of L1, and both came
+/// from L2 for every tile. Past this, a tile's rows no longer fit L1 beside the stream
+/// (72 KiB at MiniLM's k = 1,536), so the panel order stays. On the Intel Xeon with AMX:
+/// +4-9% on long passages, level on short sentences (benches/RESULTS.md). The AVX2 route
+/// keeps the panel order: its half-panels (24 KiB) already stay in L1 across its 6-row
+/// tiles, and the tile order measured 1-3% slower there.
+const TILE_OUTER_MAX_K: usize = 512;
+/// The share of a core's L2 ([`l2_bytes`]) that the panels a tile runs across take before
+/// the next tile takes them, so the group stays in L2 for all of a task's tiles: a
+/// quarter, 512 KiB on the Intel Xeons. There 256 KiB measured no better, and the whole
+/// layer (up to 2.3 MiB at MiniLM's widest) a little worse.
+const PANEL_GROUP_L2_SHARE: usize = 4;
 
 /// Whether the kernel runs on this CPU (AVX2 with FMA at least, under `--cpu-isa`).
 /// Elsewhere candle's matmul serves.
@@ -166,25 +181,48 @@ impl PackedLinear {
         (0..row_tasks * col_groups).into_par_iter().for_each(|t| {
             let (rt, g) = (t / col_groups, t % col_groups);
             let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
-            for p in g * per_group..((g + 1) * per_group).min(panels) {
+            let group = g * per_group..((g + 1) * per_group).min(panels);
+            // `count` rows from row `r0` through panel `p`.
+            let product = |r0: usize, count: usize, p: usize| {
                 let c0 = p * NR;
                 // SAFETY: `panel_fn` checked the CPU has the route's features; the task
                 // writes only its own rows × panels of `y`, which holds m × n, and reads
                 // rows of `x` and one panel of the packing, both in bounds.
                 unsafe {
                     panel(Panel {
-                        x: x.as_ptr().add(rows.start * k),
+                        x: x.as_ptr().add(r0 * k),
                         lda: k,
-                        rows: rows.len(),
+                        rows: count,
                         k,
                         w: self.packed.as_ptr().add(p * k * NR),
-                        y: out.at(rows.start * n + c0),
+                        y: out.at(r0 * n + c0),
                         ldy: n,
                         live: (n - c0).min(NR),
                         c0,
                         epi,
                     })
                 };
+            };
+            if isa < CpuIsa::Avx512 || k > TILE_OUTER_MAX_K {
+                for p in group {
+                    product(rows.start, rows.len(), p);
+                }
+                return;
+            }
+            let per_chunk =
+                (l2_bytes() / PANEL_GROUP_L2_SHARE / (k * NR * size_of::<f32>())).max(1);
+            // Near-equal tiles, as `panel` would cut them (25 rows are 9 + 8 + 8).
+            let tiles = rows.len().div_ceil(MR);
+            for first in group.clone().step_by(per_chunk) {
+                let chunk = first..(first + per_chunk).min(group.end);
+                let mut r = rows.start;
+                for t in 0..tiles {
+                    let mr = (rows.end - r).div_ceil(tiles - t);
+                    for p in chunk.clone() {
+                        product(r, mr, p);
+                    }
+                    r += mr;
+                }
             }
         });
         // SAFETY: the tasks cover every row and every panel once, and each tile stores
@@ -500,7 +538,9 @@ pub(crate) mod tests {
     }
 
     /// Every shape edge: rows not a multiple of a tile or of a task (and more rows than
-    /// one task), outputs not a multiple of a panel or of a register, odd inputs.
+    /// one task), outputs not a multiple of a panel or of a register, odd inputs; on
+    /// AVX-512 both task orders (k up to and past [`TILE_OUTER_MAX_K`]), and a column
+    /// group of more panels than fit one L2 share (200 × 384 × 1,152: 18 panels a group).
     #[test]
     fn matches_the_product_on_every_edge() {
         for isa in routes() {
@@ -517,6 +557,7 @@ pub(crate) mod tests {
             (13, 33, 40),
             (25, 384, 1152),
             (97, 64, 50),
+            (200, 384, 1152),
             (200, 1536, 384),
         ] {
             let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
