@@ -131,7 +131,9 @@ impl ActivityError {
                 index,
                 tokens,
                 limit,
+                ..
             }) => ActivityError::Model(ModelError::TextTooLong {
+                field: "source rows",
                 index: first + index,
                 tokens,
                 limit,
@@ -212,6 +214,7 @@ mod tests {
                 fix: "x",
             },
             ActivityError::Model(ModelError::TextTooLong {
+                field: "texts",
                 index: 0,
                 tokens: 2,
                 limit: 1,
@@ -268,16 +271,21 @@ mod tests {
     }
 
     /// `embed_dataset`'s chunks name the source's rows: a chunk's positions are shifted by
-    /// where the chunk starts, and a non-finite output names `source rows`.
+    /// where the chunk starts, and both failures name `source rows` (a dataset has no
+    /// `texts` field).
     #[test]
     fn dataset_failures_count_from_the_chunk_start() {
         let too_long = ActivityError::Model(ModelError::TextTooLong {
+            field: "texts",
             index: 3,
             tokens: 300,
             limit: 256,
         })
         .counted_from(128);
-        assert!(too_long.to_string().contains("texts[131]"), "{too_long}");
+        assert!(
+            too_long.to_string().contains("source rows[131]"),
+            "{too_long}"
+        );
         let nan = non_finite("f32").counted_from(128).to_string();
         assert!(nan.contains("source rows[130]"), "{nan}");
         let other = ActivityError::Internal("x".into()).counted_from(128);

@@ -231,6 +231,7 @@ impl Embedder {
         let limit = self.info.max_seq_length;
         if let Some((index, t)) = rows.iter().enumerate().find(|(_, t)| t.len() > limit) {
             return Err(ModelError::TextTooLong {
+                field: "texts",
                 index,
                 tokens: t.len(),
                 limit,

@@ -36,9 +36,11 @@ pub enum ModelError {
     Tokenizer(String),
     /// A text is longer than the model's maximum sequence length and truncation was
     /// turned off by the caller. Not retryable: the same input fails again.
-    #[error("texts[{index}] has {tokens} tokens, more than the model's limit of {limit}")]
+    #[error("{field}[{index}] has {tokens} tokens, more than the model's limit of {limit}")]
     TextTooLong {
-        /// Position of the text in the request.
+        /// Where the text came from (`texts`; `source rows` for a dataset).
+        field: &'static str,
+        /// Its position there.
         index: usize,
         /// Its token count, special tokens included.
         tokens: usize,

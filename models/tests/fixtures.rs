@@ -71,11 +71,12 @@ fn minilm_refuses_long_text_when_truncation_is_off() {
         .unwrap_err();
     match err {
         gpulane_models::ModelError::TextTooLong {
+            field,
             index,
             tokens,
             limit,
         } => {
-            assert_eq!(index, long);
+            assert_eq!((field, index), ("texts", long));
             assert!(tokens > 256);
             assert_eq!(limit, 256);
         }
