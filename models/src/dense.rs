@@ -63,21 +63,24 @@ const PREFETCH: usize = 24;
 /// Rows one task takes: eight tiles, so each weight panel a task reads from cache serves
 /// them all.
 const ROWS_PER_TASK: usize = 8 * MR;
-/// Inner dimensions up to which an AVX-512 task runs tile by tile across a group of
-/// panels, rather than panel by panel across its tiles. A tile's rows (12 × k × 4 bytes:
-/// 18 KiB at k = 384) then stay in L1 while the group's panels stream from L2; panel by
-/// panel, the panel (48 KiB at k = 384) pushed the tile's rows out of L1, and both came
-/// from L2 for every tile. Past this, a tile's rows no longer fit L1 beside the stream
-/// (72 KiB at MiniLM's k = 1,536), so the panel order stays. On the Intel Xeon with AMX:
-/// +4-9% on long passages, level on short sentences (benches/RESULTS.md). The AVX2 route
-/// keeps the panel order: its half-panels (24 KiB) already stay in L1 across its 6-row
-/// tiles, and the tile order measured 1-3% slower there.
-const TILE_OUTER_MAX_K: usize = 512;
-/// The share of a core's L2 ([`l2_bytes`]) that the panels a tile runs across take before
-/// the next tile takes them, so the group stays in L2 for all of a task's tiles: a
-/// quarter, 512 KiB on the Intel Xeons. There 256 KiB measured no better, and the whole
-/// layer (up to 2.3 MiB at MiniLM's widest) a little worse.
-const PANEL_GROUP_L2_SHARE: usize = 4;
+/// Inner dimensions up to which an AVX-512 task runs tile by tile across a chunk of
+/// panels (tile order), rather than panel by panel across its tiles (panel order). The
+/// intent: a tile's rows (12 × k × 4 bytes: 18 KiB at k = 384) stay in L1 while the
+/// chunk's panels stream from L2, where in panel order the panel (48 KiB at k = 384, all of
+/// L1) would push them out for every tile. That is inferred from the sizes, not counted:
+/// the Xeon measured has no cycle counters. Measured there: +4-9% on long passages, level
+/// on short sentences (benches/RESULTS.md). Past 512 a tile's rows outgrow L1 (72 KiB at
+/// MiniLM's k = 1,536) and the panel order stays; a tile order over blocks of 512 inputs
+/// measured 1-3% slower. Only 384 and 1,536 were measured, so the cut between them is a
+/// choice. The AVX2 route keeps the panel order: its half-panels (24 KiB) fit L1 beside
+/// its 6-row tiles, and the tile order measured 1-3% slower there (capped on the Xeon).
+const TILE_ORDER_MAX_K: usize = 512;
+/// The share of a core's L2 ([`l2_bytes`]) that a chunk of panels takes, so the chunk
+/// stays in L2 for all of a task's tiles: a quarter, 512 KiB on the Xeon measured (2 MiB
+/// of L2). There 256 KiB measured no gain, 1 MiB and the whole layer (up to 2.3 MiB at
+/// MiniLM's widest) about the same as 512 KiB. AVX-512 CPUs with a 1 MiB L2 (AMD Zen 4/5)
+/// get 256 KiB chunks by this rule, which no run has measured there.
+const CHUNK_L2_SHARE: usize = 4;
 
 /// Whether the kernel runs on this CPU (AVX2 with FMA at least, under `--cpu-isa`).
 /// Elsewhere candle's matmul serves.
@@ -157,8 +160,25 @@ impl PackedLinear {
         self.forward_on(cpu_isa(), x, m, epi)
     }
 
-    /// [`forward`](Self::forward) on the route of `isa` (tests run each one the CPU has).
+    /// [`forward`](Self::forward) on the route of `isa` (tests run each one the CPU has),
+    /// in the order [`TILE_ORDER_MAX_K`] picks for it.
     fn forward_on(&self, isa: CpuIsa, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
+        let chunk = (isa >= CpuIsa::Avx512 && self.k <= TILE_ORDER_MAX_K)
+            .then(|| (l2_bytes() / CHUNK_L2_SHARE / (self.k * NR * size_of::<f32>())).max(1));
+        self.forward_in(isa, x, m, epi, chunk)
+    }
+
+    /// [`forward_on`](Self::forward_on) in panel order (`chunk` None) or in tile order
+    /// over chunks of `chunk` panels; every order gives the same bits (tests hold them to
+    /// it), since each output's sum runs over the inner dimension in order either way.
+    fn forward_in(
+        &self,
+        isa: CpuIsa,
+        x: &[f32],
+        m: usize,
+        epi: Epilogue,
+        chunk: Option<usize>,
+    ) -> Vec<f32> {
         let (k, n) = (self.k, self.n);
         let panel = panel_fn(isa);
         assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
@@ -182,7 +202,8 @@ impl PackedLinear {
             let (rt, g) = (t / col_groups, t % col_groups);
             let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
             let group = g * per_group..((g + 1) * per_group).min(panels);
-            // `count` rows from row `r0` through panel `p`.
+            // `count` rows from row `r0` through panel `p`; the callers below pass rows
+            // within `rows` and panels within `group`, this task's own.
             let product = |r0: usize, count: usize, p: usize| {
                 let c0 = p * NR;
                 // SAFETY: `panel_fn` checked the CPU has the route's features; the task
@@ -203,22 +224,20 @@ impl PackedLinear {
                     })
                 };
             };
-            if isa < CpuIsa::Avx512 || k > TILE_OUTER_MAX_K {
+            let Some(per_chunk) = chunk else {
                 for p in group {
                     product(rows.start, rows.len(), p);
                 }
                 return;
-            }
-            let per_chunk =
-                (l2_bytes() / PANEL_GROUP_L2_SHARE / (k * NR * size_of::<f32>())).max(1);
+            };
             // Near-equal tiles, as `panel` would cut them (25 rows are 9 + 8 + 8).
             let tiles = rows.len().div_ceil(MR);
-            for first in group.clone().step_by(per_chunk) {
-                let chunk = first..(first + per_chunk).min(group.end);
+            for first in group.clone().step_by(per_chunk.max(1)) {
+                let panels = first..first.saturating_add(per_chunk).min(group.end);
                 let mut r = rows.start;
-                for t in 0..tiles {
-                    let mr = (rows.end - r).div_ceil(tiles - t);
-                    for p in chunk.clone() {
+                for tile in 0..tiles {
+                    let mr = (rows.end - r).div_ceil(tiles - tile);
+                    for p in panels.clone() {
                         product(r, mr, p);
                     }
                     r += mr;
@@ -539,8 +558,7 @@ pub(crate) mod tests {
 
     /// Every shape edge: rows not a multiple of a tile or of a task (and more rows than
     /// one task), outputs not a multiple of a panel or of a register, odd inputs; on
-    /// AVX-512 both task orders (k up to and past [`TILE_OUTER_MAX_K`]), and a column
-    /// group of more panels than fit one L2 share (200 × 384 × 1,152: 18 panels a group).
+    /// AVX-512 both task orders (k up to and past [`TILE_ORDER_MAX_K`]).
     #[test]
     fn matches_the_product_on_every_edge() {
         for isa in routes() {
@@ -574,6 +592,43 @@ pub(crate) mod tests {
                 );
             }
         }
+    }
+
+    /// Tile order gives panel order's bits on every route, whatever the chunk: one panel,
+    /// a few, more than a column group holds, and a chunk that does not divide the group.
+    /// Shapes span several row tasks with a short last one and a partly filled last panel;
+    /// threads are pinned so the column groups, and so the chunks a group splits into, are
+    /// the same on any host.
+    #[test]
+    fn every_task_order_gives_the_same_bits() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("a 2-thread pool");
+        pool.install(|| {
+            for isa in routes() {
+                let mut seed = 3;
+                for &(m, k, n) in &[(25, 384, 1152), (200, 384, 1000), (13, 40, 45)] {
+                    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+                    let w: Vec<f32> = (0..k * n).map(|_| lcg(&mut seed)).collect();
+                    let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+                    let l = PackedLinear::new(&w, k, n);
+                    let epi = Epilogue::BiasGelu(&b);
+                    let want = l.forward_in(isa, &x, m, epi, None);
+                    for chunk in [1, 2, 3, 10, usize::MAX] {
+                        // The output is not zeroed, and may reuse the last one's memory:
+                        // poison it first, so an output left unwritten cannot pass.
+                        drop(std::hint::black_box(vec![f32::NAN; m * n]));
+                        let got = l.forward_in(isa, &x, m, epi, Some(chunk));
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(g, w)| g.to_bits() == w.to_bits());
+                        assert!(same, "{isa:?} {m}x{k}x{n}, chunks of {chunk}");
+                    }
+                }
+            }
+        });
     }
 
     /// The bias and bias+GELU epilogues give the product, then the bias (then GELU),

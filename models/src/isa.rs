@@ -1,5 +1,5 @@
 //! Which x86 vector extensions the CPU kernels may use: what the CPU has, capped by the
-//! operator (`--cpu-isa`).
+//! operator (`--cpu-isa`); and the one cache size the kernels plan by (`l2_bytes`).
 //!
 //! Why a cap: the kernels pick their widest route at run time, so on an AVX-512 machine
 //! (this project's CI and benchmark hosts) the AVX2 and portable routes would never run
@@ -139,9 +139,10 @@ fn amx_granted() -> bool {
     })
 }
 
-/// One core's L2 cache in bytes, as Linux reports it (read once); 2 MiB, the Intel Xeons'
-/// size, where it does not say. The f32 kernel sizes its panel groups by it, so a CPU with
-/// a smaller L2 (AMD Zen 3: 512 KiB) takes smaller groups instead of spilling to L3.
+/// One core's L2 cache in bytes, as Linux reports it (read once); where it does not say,
+/// 2 MiB, the L2 of the Xeon the f32 kernel's chunks were measured on. The kernel sizes
+/// those chunks of panels by it, so a CPU with less L2 (AMD Zen 4/5: 1 MiB) takes smaller
+/// chunks instead of spilling them to L3.
 pub(crate) fn l2_bytes() -> usize {
     static L2: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *L2.get_or_init(|| {
@@ -170,7 +171,7 @@ fn parse_cache_size(s: &str) -> Option<usize> {
         .parse::<usize>()
         .ok()
         .filter(|&v| v > 0)
-        .map(|v| v * unit)
+        .and_then(|v| v.checked_mul(unit))
 }
 
 /// The cap, as a `CpuIsa` discriminant; none until [`cap_cpu_isa`] is called.
@@ -239,7 +240,7 @@ mod tests {
         assert_eq!(parse_cache_size("2048K\n"), Some(2 << 20));
         assert_eq!(parse_cache_size("1M"), Some(1 << 20));
         assert_eq!(parse_cache_size("512"), Some(512));
-        for bad in ["", "K", "0K", "big", "-1K"] {
+        for bad in ["", "K", "0K", "big", "-1K", "99999999999999999999M"] {
             assert_eq!(parse_cache_size(bad), None, "{bad:?}");
         }
         assert!(l2_bytes() > 0);
