@@ -164,7 +164,7 @@ impl PackedLinear {
     /// in the order [`TILE_ORDER_MAX_K`] picks for it.
     fn forward_on(&self, isa: CpuIsa, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
         let chunk = (isa >= CpuIsa::Avx512 && self.k <= TILE_ORDER_MAX_K)
-            .then(|| (l2_bytes() / CHUNK_L2_SHARE / (self.k * NR * size_of::<f32>())).max(1));
+            .then(|| l2_bytes() / CHUNK_L2_SHARE / (self.k * NR * size_of::<f32>()));
         self.forward_in(isa, x, m, epi, chunk)
     }
 
@@ -180,6 +180,8 @@ impl PackedLinear {
         chunk: Option<usize>,
     ) -> Vec<f32> {
         let (k, n) = (self.k, self.n);
+        // A chunk holds one panel at least (an L2 smaller than a panel's share).
+        let chunk = chunk.map(|c| c.max(1));
         let panel = panel_fn(isa);
         assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
         if let Some(b) = epi.bias() {
@@ -232,7 +234,7 @@ impl PackedLinear {
             };
             // Near-equal tiles, as `panel` would cut them (25 rows are 9 + 8 + 8).
             let tiles = rows.len().div_ceil(MR);
-            for first in group.clone().step_by(per_chunk.max(1)) {
+            for first in group.clone().step_by(per_chunk) {
                 let panels = first..first.saturating_add(per_chunk).min(group.end);
                 let mut r = rows.start;
                 for tile in 0..tiles {
