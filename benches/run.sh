@@ -5,7 +5,9 @@
 #
 # - speed:    `gpulane bench` vs sentence-transformers (benches/st_speed.py) on the CPU, same
 #             corpus, same threads, batch 32, median of 5, on the short corpus (2,000
-#             sentences of ~25 tokens) and the long one (200 passages truncated to 256).
+#             sentences of ~25 tokens) and the long one (200 passages truncated to 256);
+#             in BENCH_SPEED_ROUNDS (3) rounds that alternate the two sides, each round's
+#             ratio and their median; then gpulane's int8 once, against the peer's median.
 # - batching: a Temporal dev server and `gpulane run` on `cpu-tools`; 64 concurrent
 #             workflows each running one one-sentence `embed`; gpulane's default
 #             --batch-wait-ms vs 0 (no cross-activity batching), in two separate runs.
@@ -33,10 +35,11 @@
 # with ratios (gpulane ÷ peer), also saved as benches/out/summary.md.
 #
 # Knobs (environment): BENCH_THREADS (compute threads for both sides, default 2),
-# BENCH_REPEAT (timed runs per speed measurement, 5), BENCH_ROUNDS (load rounds, 3),
-# BENCH_PY_MAX_CONCURRENT (the Python worker's activities in flight, 4) and
-# BENCH_PY_INFERENCES (its model.encode calls at once, 1), BENCH_FANOUT=1 (each round's
-# activities from one workflow instead of one workflow each: see benches/load.py),
+# BENCH_REPEAT (timed runs per speed measurement, 5), BENCH_SPEED_ROUNDS (alternated speed
+# rounds, 3), BENCH_ROUNDS (load rounds, 3), BENCH_PY_MAX_CONCURRENT (the Python worker's
+# activities in flight, 4) and BENCH_PY_INFERENCES (its model.encode calls at once, 1),
+# BENCH_FANOUT=1 (each round's activities from one workflow instead of one workflow each:
+# see benches/load.py),
 # BENCH_SKIP_BUILD=1 (use the gpulane binary as it is; do not run scripts/setup.sh),
 # BENCH_MODEL=modernbert-mini (the model for all parts: a random-weight ModernBERT of
 # MiniLM's width and depth, made by benches/make_modernbert.py, instead of
@@ -69,6 +72,8 @@ ROUNDS=${BENCH_ROUNDS:-3}
 PY_MAX_CONCURRENT=${BENCH_PY_MAX_CONCURRENT:-4}
 PY_INFERENCES=${BENCH_PY_INFERENCES:-1}
 SPEED_DIVISOR=${BENCH_SPEED_DIVISOR:-1}
+SPEED_ROUNDS=${BENCH_SPEED_ROUNDS:-3}
+[[ "$SPEED_ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_SPEED_ROUNDS is a whole number >= 1" >&2; exit 2; }
 [[ "$SPEED_DIVISOR" =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_SPEED_DIVISOR is a whole number >= 1" >&2; exit 2; }
 case "${BENCH_CPU_ISA:-}" in
   "") ;;
@@ -164,7 +169,7 @@ EOF
 # --- speed ------------------------------------------------------------------------------
 run_speed() {
   rm -f "$OUT"/speed-*.json "$OUT"/speed-corpus-*.txt "$OUT"/speed-vectors-*.jsonl
-  local corpus file n
+  local corpus file n r tag side
   for corpus in short long; do
     file=$OUT/corpus-$corpus.txt
     if [ "$SPEED_DIVISOR" != 1 ]; then  # the first 1/N of the corpus, for both sides
@@ -173,23 +178,36 @@ run_speed() {
       head -n "$n" "$OUT/corpus-$corpus.txt" > "$file"
       say "speed: the first $n texts of the $corpus corpus (BENCH_SPEED_DIVISOR=$SPEED_DIVISOR)"
     fi
-    say "speed: gpulane bench, $corpus corpus, $THREADS threads"
-    bounded 1800 env RAYON_NUM_THREADS="$THREADS" "$BIN" bench --model "$MODEL" --corpus "$file" \
-      --device cpu --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
-      --json "$OUT/speed-gpulane-$corpus.json" > "$LOGS/speed-gpulane-$corpus.log" 2>&1 \
-      || { say "gpulane bench failed: see $LOGS/speed-gpulane-$corpus.log"; tail -5 "$LOGS/speed-gpulane-$corpus.log" >&2; }
+    # f32 against the peer in alternated rounds: the host's own speed drifts by 10% and more
+    # over minutes, which one run of each side a few minutes apart reads as a ratio. Odd
+    # rounds start with gpulane, even ones with the peer, so a steady drift falls on both.
+    for ((r = 1; r <= SPEED_ROUNDS; r++)); do
+      tag=$corpus; [ "$r" = 1 ] || tag=$corpus-$r
+      for side in $( ((r % 2)) && echo "gpulane st" || echo "st gpulane"); do
+        if [ "$side" = gpulane ]; then
+          say "speed: gpulane bench, $corpus corpus, $THREADS threads (round $r of $SPEED_ROUNDS)"
+          bounded 1800 env RAYON_NUM_THREADS="$THREADS" "$BIN" bench --model "$MODEL" --corpus "$file" \
+            --device cpu --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
+            --json "$OUT/speed-gpulane-$tag.json" > "$LOGS/speed-gpulane-$tag.log" 2>&1 \
+            || { say "gpulane bench failed: see $LOGS/speed-gpulane-$tag.log"; tail -5 "$LOGS/speed-gpulane-$tag.log" >&2; }
+        else
+          # The peer's vectors once, for int8's cosines below.
+          local dump=()
+          [ "$r" = 1 ] && dump=(--dump "$OUT/speed-vectors-st-$corpus.jsonl")
+          say "speed: sentence-transformers, $corpus corpus, $THREADS threads (round $r of $SPEED_ROUNDS)"
+          bounded 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$file" \
+            --threads "$THREADS" --batch-rows 32 --repeat "$REPEAT" --warmup 1 "${dump[@]}" \
+            --json "$OUT/speed-st-$tag.json" > "$LOGS/speed-st-$tag.log" 2>&1 \
+            || { say "st_speed.py failed: see $LOGS/speed-st-$tag.log"; tail -5 "$LOGS/speed-st-$tag.log" >&2; }
+        fi
+      done
+    done
     say "speed: gpulane bench --dtype int8, $corpus corpus, $THREADS threads"
     bounded 1800 env RAYON_NUM_THREADS="$THREADS" "$BIN" bench --model "$MODEL" --corpus "$file" \
       --device cpu --dtype int8 --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
       --dump "$OUT/speed-vectors-int8-$corpus.jsonl" \
       --json "$OUT/speed-gpulane-int8-$corpus.json" > "$LOGS/speed-gpulane-int8-$corpus.log" 2>&1 \
       || { say "gpulane bench --dtype int8 failed: see $LOGS/speed-gpulane-int8-$corpus.log"; tail -5 "$LOGS/speed-gpulane-int8-$corpus.log" >&2; }
-    say "speed: sentence-transformers, $corpus corpus, $THREADS threads"
-    bounded 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$file" \
-      --threads "$THREADS" --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
-      --dump "$OUT/speed-vectors-st-$corpus.jsonl" \
-      --json "$OUT/speed-st-$corpus.json" > "$LOGS/speed-st-$corpus.log" 2>&1 \
-      || { say "st_speed.py failed: see $LOGS/speed-st-$corpus.log"; tail -5 "$LOGS/speed-st-$corpus.log" >&2; }
   done
 }
 

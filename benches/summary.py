@@ -57,36 +57,67 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
+def speed_rounds(out, side, corpus):
+    """A side's f32 reports on a corpus, round by round (run.sh names round r > 1 `-r`)."""
+    reports, r = [], 1
+    while True:
+        rep = load(out / f"speed-{side}-{corpus}{'' if r == 1 else f'-{r}'}.json")
+        if rep is None and r > 1:
+            return reports
+        reports.append(rep)
+        r += 1
+
+
+def first_result(report):
+    return ((report or {}).get("results") or [{}])[0]
+
+
+def median_of(results, key):
+    xs = [r[key] for r in results if r.get(key)]
+    return statistics.median(xs) if xs else None
+
+
 def speed_section(out):
-    rows = []
+    rows, peer_rate = [], {}
     for corpus in ("short", "long"):
-        g, s = load(out / f"speed-gpulane-{corpus}.json"), load(out / f"speed-st-{corpus}.json")
-        if not g and not s:
+        gs = [first_result(g) for g in speed_rounds(out, "gpulane", corpus)]
+        ss = [first_result(s) for s in speed_rounds(out, "st", corpus)]
+        if not any(gs) and not any(ss):
             continue
-        gr = (g or {}).get("results", [{}])[0]
-        sr = (s or {}).get("results", [{}])[0]
+        gr, sr = next((g for g in gs if g), {}), next((s for s in ss if s), {})
+        peer_rate[corpus] = median_of(ss, "texts_per_s")
+        # Each round's ratio, gpulane's run against the peer's run beside it.
+        pairs = [
+            g["texts_per_s"] / s["texts_per_s"]
+            for g, s in zip(gs, ss)
+            if g.get("texts_per_s") and s.get("texts_per_s")
+        ]
+        if pairs:
+            each = ", ".join(f"{x:.2f}" for x in pairs)
+            verdict = f"**{statistics.median(pairs):.2f}×** ({each})"
+        else:
+            verdict = "–"
         note = ""
         if gr.get("tokens") and sr.get("tokens") and gr["tokens"] != sr["tokens"]:
             note = f" (token counts differ: {gr['tokens']} vs {sr['tokens']})"
         rows.append(
             f"| {corpus}: {gr.get('texts') or sr.get('texts')} texts, "
             f"{gr.get('tokens') or sr.get('tokens')} tokens{note} "
-            f"| {fmt(gr.get('texts_per_s'))} / {fmt(gr.get('tokens_per_s'))} "
-            f"| {fmt(sr.get('texts_per_s'))} / {fmt(sr.get('tokens_per_s'))} "
-            f"| {ratio(gr.get('texts_per_s'), sr.get('texts_per_s'))} |"
+            f"| {fmt(median_of(gs, 'texts_per_s'))} / {fmt(median_of(gs, 'tokens_per_s'))} "
+            f"| {fmt(peer_rate[corpus])} / {fmt(median_of(ss, 'tokens_per_s'))} "
+            f"| {verdict} |"
         )
     int8 = []
     for corpus in ("short", "long"):
-        q, s = load(out / f"speed-gpulane-int8-{corpus}.json"), load(out / f"speed-st-{corpus}.json")
+        q = load(out / f"speed-gpulane-int8-{corpus}.json")
         if not q:
             continue
-        qr = q.get("results", [{}])[0]
-        sr = (s or {}).get("results", [{}])[0]
+        qr = first_result(q)
         cos = cosines(out / f"speed-vectors-int8-{corpus}.jsonl", out / f"speed-vectors-st-{corpus}.jsonl")
         agree = f"min {min(cos):.4f}, mean {sum(cos) / len(cos):.4f}" if cos else "–"
         int8.append(
             f"| {corpus} | {fmt(qr.get('texts_per_s'))} / {fmt(qr.get('tokens_per_s'))} "
-            f"| {ratio(qr.get('texts_per_s'), sr.get('texts_per_s'))} | {agree} |"
+            f"| {ratio(qr.get('texts_per_s'), peer_rate.get(corpus))} | {agree} |"
         )
     if not rows:
         return ["## Model speed", "", "not run", ""]
@@ -99,16 +130,18 @@ def speed_section(out):
         f"{s.get('threads', '?')} (peer), vector ISA {g.get('cpu_isa', '?')} (gpulane) / "
         f"{s.get('cpu_isa', '?')} (peer), batch 32, length-sorted, median of "
         f"{len((g.get('results') or s.get('results') or [{}])[0].get('seconds', []))} runs after a warm-up. "
-        f"Peer: {s.get('peer', '?')}.",
+        f"Peer: {s.get('peer', '?')}. The two sides ran in rounds that alternate them (odd "
+        "rounds gpulane first): rates are the rounds' medians, the ratio is the median of "
+        "the rounds' ratios, each round's in brackets.",
         "",
-        "| corpus | gpulane texts/s / tokens/s | sentence-transformers texts/s / tokens/s | gpulane ÷ peer |",
+        "| corpus | gpulane texts/s / tokens/s | sentence-transformers texts/s / tokens/s | gpulane ÷ peer (rounds) |",
         "|---|---|---|---|",
     ]
     if int8:
         rows += [
             "",
             "`--dtype int8` (dense layers in dynamic int8, the CPU's opt-in `--cpu-dtype int8`), "
-            "same runs; cosine of each text's vector against sentence-transformers' f32 one:",
+            "one run after the rounds, against the peer's median f32 rate; cosine of each text's vector against sentence-transformers' f32 one:",
             "",
             "| corpus | gpulane int8 texts/s / tokens/s | int8 ÷ peer f32 | cosine to peer f32 |",
             "|---|---|---|---|",
