@@ -191,9 +191,10 @@ run_speed() {
             --json "$OUT/speed-gpulane-$tag.json" > "$LOGS/speed-gpulane-$tag.log" 2>&1 \
             || { say "gpulane bench failed: see $LOGS/speed-gpulane-$tag.log"; tail -5 "$LOGS/speed-gpulane-$tag.log" >&2; }
         else
-          # The peer's vectors once, for int8's cosines below.
+          # The peer's vectors once (from the first round that writes them), for int8's
+          # cosines below.
           local dump=()
-          [ "$r" = 1 ] && dump=(--dump "$OUT/speed-vectors-st-$corpus.jsonl")
+          [ -s "$OUT/speed-vectors-st-$corpus.jsonl" ] || dump=(--dump "$OUT/speed-vectors-st-$corpus.jsonl")
           say "speed: sentence-transformers, $corpus corpus, $THREADS threads (round $r of $SPEED_ROUNDS)"
           bounded 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$file" \
             --threads "$THREADS" --batch-rows 32 --repeat "$REPEAT" --warmup 1 "${dump[@]}" \

@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import statistics
 import sys
 
@@ -58,18 +59,21 @@ def cpu_name():
 
 
 def speed_rounds(out, side, corpus):
-    """A side's f32 reports on a corpus, round by round (run.sh names round r > 1 `-r`)."""
-    reports, r = [], 1
-    while True:
-        rep = load(out / f"speed-{side}-{corpus}{'' if r == 1 else f'-{r}'}.json")
-        if rep is None and r > 1:
-            return reports
-        reports.append(rep)
-        r += 1
+    """A side's f32 reports on a corpus by round number (run.sh names round r > 1 `-r`),
+    None for a round whose report is missing or unreadable (a failed run writes none)."""
+    found = {}
+    for path in out.glob(f"speed-{side}-{corpus}*.json"):
+        m = re.fullmatch(rf"speed-{side}-{corpus}(?:-(\d+))?\.json", path.name)
+        if m:
+            found[int(m.group(1) or 1)] = load(path)
+    return {r: found.get(r) for r in range(1, max(found, default=0) + 1)}
 
 
 def first_result(report):
-    return ((report or {}).get("results") or [{}])[0]
+    """A report's one result, or {} for anything else (a missing or malformed report)."""
+    results = report.get("results") if isinstance(report, dict) else None
+    first = results[0] if isinstance(results, list) and results else None
+    return first if isinstance(first, dict) else {}
 
 
 def median_of(results, key):
@@ -78,23 +82,27 @@ def median_of(results, key):
 
 
 def speed_section(out):
-    rows, peer_rate = [], {}
+    rows, peer_rate, rounds, reports = [], {}, 0, []
     for corpus in ("short", "long"):
-        gs = [first_result(g) for g in speed_rounds(out, "gpulane", corpus)]
-        ss = [first_result(s) for s in speed_rounds(out, "st", corpus)]
-        if not any(gs) and not any(ss):
+        g_by, s_by = speed_rounds(out, "gpulane", corpus), speed_rounds(out, "st", corpus)
+        gs = {r: first_result(v) for r, v in g_by.items()}
+        ss = {r: first_result(v) for r, v in s_by.items()}
+        if not any(gs.values()) and not any(ss.values()):
             continue
-        gr, sr = next((g for g in gs if g), {}), next((s for s in ss if s), {})
-        peer_rate[corpus] = median_of(ss, "texts_per_s")
-        # Each round's ratio, gpulane's run against the peer's run beside it.
-        pairs = [
-            g["texts_per_s"] / s["texts_per_s"]
-            for g, s in zip(gs, ss)
-            if g.get("texts_per_s") and s.get("texts_per_s")
-        ]
+        rounds = max(rounds, len(gs), len(ss))
+        reports += [v for v in (*g_by.values(), *s_by.values()) if isinstance(v, dict)]
+        gr = next((g for g in gs.values() if g), {})
+        sr = next((s for s in ss.values() if s), {})
+        peer_rate[corpus] = median_of(ss.values(), "texts_per_s")
+        # Each round's ratio, gpulane's run against the peer's run of the same round.
+        pairs = {
+            r: g["texts_per_s"] / ss[r]["texts_per_s"]
+            for r, g in gs.items()
+            if g.get("texts_per_s") and ss.get(r, {}).get("texts_per_s")
+        }
         if pairs:
-            each = ", ".join(f"{x:.2f}" for x in pairs)
-            verdict = f"**{statistics.median(pairs):.2f}×** ({each})"
+            each = ", ".join(f"r{r} {x:.2f}" for r, x in pairs.items())
+            verdict = f"**{statistics.median(pairs.values()):.2f}×** ({each})"
         else:
             verdict = "–"
         note = ""
@@ -103,8 +111,8 @@ def speed_section(out):
         rows.append(
             f"| {corpus}: {gr.get('texts') or sr.get('texts')} texts, "
             f"{gr.get('tokens') or sr.get('tokens')} tokens{note} "
-            f"| {fmt(median_of(gs, 'texts_per_s'))} / {fmt(median_of(gs, 'tokens_per_s'))} "
-            f"| {fmt(peer_rate[corpus])} / {fmt(median_of(ss, 'tokens_per_s'))} "
+            f"| {fmt(median_of(gs.values(), 'texts_per_s'))} / {fmt(median_of(gs.values(), 'tokens_per_s'))} "
+            f"| {fmt(peer_rate[corpus])} / {fmt(median_of(ss.values(), 'tokens_per_s'))} "
             f"| {verdict} |"
         )
     int8 = []
@@ -121,18 +129,24 @@ def speed_section(out):
         )
     if not rows:
         return ["## Model speed", "", "not run", ""]
-    g = load(out / "speed-gpulane-short.json") or load(out / "speed-gpulane-long.json") or {}
-    s = load(out / "speed-st-short.json") or load(out / "speed-st-long.json") or {}
+    g = next((v for v in reports if v.get("gpulane_version")), {})
+    s = next((v for v in reports if v.get("peer")), {})
+    runs = len(first_result(g or s).get("seconds", []))
+    if rounds > 1:
+        order = (
+            f"The two sides ran in {rounds} rounds that alternate them (odd rounds gpulane "
+            "first): rates are the rounds' medians, the ratio is the median of the rounds' "
+            "ratios, each round's (r1, r2, …) in brackets."
+        )
+    else:
+        order = "One run of each side."
     head = [
         "## Model speed (one process, no Temporal)" + measured_at(out, "speed-*.json"),
         "",
         f"float32 on the CPU, {g.get('threads', s.get('threads', '?'))} threads (gpulane) / "
         f"{s.get('threads', '?')} (peer), vector ISA {g.get('cpu_isa', '?')} (gpulane) / "
-        f"{s.get('cpu_isa', '?')} (peer), batch 32, length-sorted, median of "
-        f"{len((g.get('results') or s.get('results') or [{}])[0].get('seconds', []))} runs after a warm-up. "
-        f"Peer: {s.get('peer', '?')}. The two sides ran in rounds that alternate them (odd "
-        "rounds gpulane first): rates are the rounds' medians, the ratio is the median of "
-        "the rounds' ratios, each round's in brackets.",
+        f"{s.get('cpu_isa', '?')} (peer), batch 32, length-sorted, median of {runs} runs after "
+        f"a warm-up. Peer: {s.get('peer', '?')}. {order}",
         "",
         "| corpus | gpulane texts/s / tokens/s | sentence-transformers texts/s / tokens/s | gpulane ÷ peer (rounds) |",
         "|---|---|---|---|",
@@ -141,7 +155,7 @@ def speed_section(out):
         rows += [
             "",
             "`--dtype int8` (dense layers in dynamic int8, the CPU's opt-in `--cpu-dtype int8`), "
-            "one run after the rounds, against the peer's median f32 rate; cosine of each text's vector against sentence-transformers' f32 one:",
+            "one run, against the peer's median f32 rate; cosine of each text's vector against sentence-transformers' f32 one:",
             "",
             "| corpus | gpulane int8 texts/s / tokens/s | int8 ÷ peer f32 | cosine to peer f32 |",
             "|---|---|---|---|",
