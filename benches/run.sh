@@ -167,9 +167,31 @@ json.dump({"gpulane": gl, "peer": peer, "loadavg": " ".join(f"{x:.2f}" for x in 
 EOF
 
 # --- speed ------------------------------------------------------------------------------
+# speed_gpulane TAG CORPUS_FILE [bench flags]: one `gpulane bench` run, its report in
+# speed-gpulane-TAG.json.
+speed_gpulane() {
+  local tag=$1 file=$2; shift 2
+  say "speed: gpulane bench $tag, $THREADS threads"
+  bounded 1800 env RAYON_NUM_THREADS="$THREADS" "$BIN" bench --model "$MODEL" --corpus "$file" \
+    --device cpu --batch-rows 32 --repeat "$REPEAT" --warmup 1 "$@" \
+    --json "$OUT/speed-gpulane-$tag.json" > "$LOGS/speed-gpulane-$tag.log" 2>&1 \
+    || { say "gpulane bench failed: see $LOGS/speed-gpulane-$tag.log"; tail -5 "$LOGS/speed-gpulane-$tag.log" >&2; }
+}
+
+# speed_st TAG CORPUS_FILE [st_speed.py flags]: the same for the peer, in speed-st-TAG.json.
+speed_st() {
+  local tag=$1 file=$2; shift 2
+  say "speed: sentence-transformers $tag, $THREADS threads"
+  bounded 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$file" \
+    --threads "$THREADS" --batch-rows 32 --repeat "$REPEAT" --warmup 1 "$@" \
+    --json "$OUT/speed-st-$tag.json" > "$LOGS/speed-st-$tag.log" 2>&1 \
+    || { say "st_speed.py failed: see $LOGS/speed-st-$tag.log"; tail -5 "$LOGS/speed-st-$tag.log" >&2; }
+}
+
 run_speed() {
   rm -f "$OUT"/speed-*.json "$OUT"/speed-corpus-*.txt "$OUT"/speed-vectors-*.jsonl
-  local corpus file n r tag side
+  echo "{\"rounds\": $SPEED_ROUNDS}" > "$OUT/speed-info.json"
+  local corpus file n r tag vectors
   for corpus in short long; do
     file=$OUT/corpus-$corpus.txt
     if [ "$SPEED_DIVISOR" != 1 ]; then  # the first 1/N of the corpus, for both sides
@@ -181,34 +203,20 @@ run_speed() {
     # f32 against the peer in alternated rounds: the host's own speed drifts by 10% and more
     # over minutes, which one run of each side a few minutes apart reads as a ratio. Odd
     # rounds start with gpulane, even ones with the peer, so a steady drift falls on both.
+    # Round 1's reports are speed-*-CORPUS.json, round r's speed-*-CORPUS-r.json.
+    vectors=$OUT/speed-vectors-st-$corpus.jsonl
     for ((r = 1; r <= SPEED_ROUNDS; r++)); do
       tag=$corpus; [ "$r" = 1 ] || tag=$corpus-$r
-      for side in $( ((r % 2)) && echo "gpulane st" || echo "st gpulane"); do
-        if [ "$side" = gpulane ]; then
-          say "speed: gpulane bench, $corpus corpus, $THREADS threads (round $r of $SPEED_ROUNDS)"
-          bounded 1800 env RAYON_NUM_THREADS="$THREADS" "$BIN" bench --model "$MODEL" --corpus "$file" \
-            --device cpu --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
-            --json "$OUT/speed-gpulane-$tag.json" > "$LOGS/speed-gpulane-$tag.log" 2>&1 \
-            || { say "gpulane bench failed: see $LOGS/speed-gpulane-$tag.log"; tail -5 "$LOGS/speed-gpulane-$tag.log" >&2; }
-        else
-          # The peer's vectors once (from the first round that writes them), for int8's
-          # cosines below.
-          local dump=()
-          [ -s "$OUT/speed-vectors-st-$corpus.jsonl" ] || dump=(--dump "$OUT/speed-vectors-st-$corpus.jsonl")
-          say "speed: sentence-transformers, $corpus corpus, $THREADS threads (round $r of $SPEED_ROUNDS)"
-          bounded 1800 "$PY" benches/st_speed.py --model "$MODEL" --corpus "$file" \
-            --threads "$THREADS" --batch-rows 32 --repeat "$REPEAT" --warmup 1 "${dump[@]}" \
-            --json "$OUT/speed-st-$tag.json" > "$LOGS/speed-st-$tag.log" 2>&1 \
-            || { say "st_speed.py failed: see $LOGS/speed-st-$tag.log"; tail -5 "$LOGS/speed-st-$tag.log" >&2; }
-        fi
-      done
+      # The peer's vectors once (from the first round that writes them), for int8's cosines.
+      local dump=()
+      [ -s "$vectors" ] || dump=(--dump "$vectors")
+      if ((r % 2)); then
+        speed_gpulane "$tag" "$file"; speed_st "$tag" "$file" "${dump[@]}"
+      else
+        speed_st "$tag" "$file" "${dump[@]}"; speed_gpulane "$tag" "$file"
+      fi
     done
-    say "speed: gpulane bench --dtype int8, $corpus corpus, $THREADS threads"
-    bounded 1800 env RAYON_NUM_THREADS="$THREADS" "$BIN" bench --model "$MODEL" --corpus "$file" \
-      --device cpu --dtype int8 --batch-rows 32 --repeat "$REPEAT" --warmup 1 \
-      --dump "$OUT/speed-vectors-int8-$corpus.jsonl" \
-      --json "$OUT/speed-gpulane-int8-$corpus.json" > "$LOGS/speed-gpulane-int8-$corpus.log" 2>&1 \
-      || { say "gpulane bench --dtype int8 failed: see $LOGS/speed-gpulane-int8-$corpus.log"; tail -5 "$LOGS/speed-gpulane-int8-$corpus.log" >&2; }
+    speed_gpulane "int8-$corpus" "$file" --dtype int8 --dump "$OUT/speed-vectors-int8-$corpus.jsonl"
   done
 }
 

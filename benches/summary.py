@@ -10,7 +10,6 @@ import json
 import os
 import pathlib
 import platform
-import re
 import statistics
 import sys
 
@@ -59,14 +58,14 @@ def cpu_name():
 
 
 def speed_rounds(out, side, corpus):
-    """A side's f32 reports on a corpus by round number (run.sh names round r > 1 `-r`),
-    None for a round whose report is missing or unreadable (a failed run writes none)."""
-    found = {}
-    for path in out.glob(f"speed-{side}-{corpus}*.json"):
-        m = re.fullmatch(rf"speed-{side}-{corpus}(?:-(\d+))?\.json", path.name)
-        if m:
-            found[int(m.group(1) or 1)] = load(path)
-    return {r: found.get(r) for r in range(1, max(found, default=0) + 1)}
+    """A side's f32 reports on a corpus, round by round as run.sh names them (round 1
+    `speed-SIDE-CORPUS.json`, round r `…-r.json`; speed-info.json says how many ran, and
+    a folder from before the rounds has one); None where a run failed and wrote none."""
+    rounds = (load(out / "speed-info.json") or {}).get("rounds", 1)
+    return {
+        r: load(out / f"speed-{side}-{corpus}{'' if r == 1 else f'-{r}'}.json")
+        for r in range(1, rounds + 1)
+    }
 
 
 def first_result(report):
