@@ -5,8 +5,9 @@
 #
 # Each round runs `gpulane bench` once with each binary and prints both rates and B ÷ A;
 # the last line is the median of the rounds' ratios. Odd rounds run A first and even ones
-# B first: on the 2-core VMs of benches/RESULTS.md the second run of a pair read a few
-# percent faster often enough to fake a gain of that size when B always ran second.
+# B first, so that neither binary always runs second: a softmax change read 0.99-1.16x
+# with B always second and 0.99-1.02x with it first (benches/RESULTS.md), and a fixed
+# order cannot tell such an effect from the change.
 # Keep other work off the machine while it runs.
 #
 # Knobs (environment): AB_CORPUS (long; a file benches/out/corpus-$AB_CORPUS.txt, which

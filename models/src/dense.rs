@@ -68,8 +68,8 @@ const ROWS_PER_TASK: usize = 8 * MR;
 /// intent: a tile's rows (12 × k × 4 bytes: 18 KiB at k = 384) stay in L1 while the
 /// chunk's panels stream from L2, where in panel order the panel (48 KiB at k = 384, all of
 /// L1) would push them out for every tile. That is inferred from the sizes, not counted:
-/// the Xeon measured has no cycle counters. Measured there: +4-9% on long passages, level
-/// on short sentences (benches/RESULTS.md). Past 512 a tile's rows outgrow L1 (72 KiB at
+/// the Xeon measured has no cycle counters. Measured there: +3-9% on long passages (median
+/// 1.06x, run order alternated), level on short sentences (benches/RESULTS.md). Past 512 a tile's rows outgrow L1 (72 KiB at
 /// MiniLM's k = 1,536) and the panel order stays; a tile order over blocks of 512 inputs
 /// measured 1-3% slower. Only 384 and 1,536 were measured, so the cut between them is a
 /// choice. The AVX2 route keeps the panel order: its half-panels (24 KiB) fit L1 beside
