@@ -57,11 +57,9 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
-def speed_rounds(out, side, corpus):
+def speed_rounds(out, side, corpus, rounds):
     """A side's f32 reports on a corpus, round by round as run.sh names them (round 1
-    `speed-SIDE-CORPUS.json`, round r `…-r.json`; speed-info.json says how many ran, and
-    a folder from before the rounds has one); None where a run failed and wrote none."""
-    rounds = (load(out / "speed-info.json") or {}).get("rounds", 1)
+    `speed-SIDE-CORPUS.json`, round r `…-r.json`); None where a run failed and wrote none."""
     return {
         r: load(out / f"speed-{side}-{corpus}{'' if r == 1 else f'-{r}'}.json")
         for r in range(1, rounds + 1)
@@ -81,14 +79,16 @@ def median_of(results, key):
 
 
 def speed_section(out):
-    rows, peer_rate, rounds, reports = [], {}, 0, []
+    # How many rounds run.sh ran (a folder from before the rounds has one).
+    rounds = (load(out / "speed-info.json") or {}).get("rounds", 1)
+    rows, peer_rate, reports = [], {}, []
     for corpus in ("short", "long"):
-        g_by, s_by = speed_rounds(out, "gpulane", corpus), speed_rounds(out, "st", corpus)
+        g_by = speed_rounds(out, "gpulane", corpus, rounds)
+        s_by = speed_rounds(out, "st", corpus, rounds)
         gs = {r: first_result(v) for r, v in g_by.items()}
         ss = {r: first_result(v) for r, v in s_by.items()}
         if not any(gs.values()) and not any(ss.values()):
             continue
-        rounds = max(rounds, len(gs), len(ss))
         reports += [v for v in (*g_by.values(), *s_by.values()) if isinstance(v, dict)]
         gr = next((g for g in gs.values() if g), {})
         sr = next((s for s in ss.values() if s), {})
