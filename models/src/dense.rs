@@ -14,11 +14,13 @@
 //! width, takes each panel as two 16-column halves in tiles of 6 rows (the usual 6×16
 //! AVX2 register tile), on the same packing.
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
 use crate::{
     isa::{cpu_isa, l2_bytes, CpuIsa},
-    kernels::gelu,
+    kernels::{self, add_norm_rows, gelu},
 };
 
 /// What a dense kernel does to each output before it stores it: the layer's bias, and
@@ -49,6 +51,35 @@ impl<'a> Epilogue<'a> {
     }
 }
 
+/// What a dense kernel does to each whole output row once a task has stored it:
+/// LayerNorm(row + bias + residual) with `params` = [bias; gamma; beta] (BERT's
+/// add-and-norm after the attention output and the feed-forward). Run by the task that
+/// owns the row, it finds the row in its core's cache (inferred from the sizes: a task's
+/// 96 rows of 384 are 144 KiB); as a separate pass over the activations it read every row
+/// back, from L3 at a long batch's size, into a buffer it zeroed first. Together with
+/// attention's unzeroed output: +3.5% on long passages (median of six alternated rounds,
+/// 1.00-1.07x; benches/RESULTS.md).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowNorm<'a> {
+    pub(crate) residual: &'a [f32],
+    pub(crate) params: &'a [f32],
+    pub(crate) eps: f32,
+}
+
+impl RowNorm<'_> {
+    /// Normalizes rows `rows` of the `n`-wide output at `y`, in place, against the same
+    /// rows of the residual.
+    ///
+    /// # Safety
+    /// The caller's task owns those rows of `y` whole and has stored every value of them;
+    /// no other thread touches them meanwhile.
+    pub(crate) unsafe fn apply_to(self, y: Dst, n: usize, rows: std::ops::Range<usize>) {
+        let own = std::slice::from_raw_parts_mut(y.at(rows.start * n), rows.len() * n);
+        let res = &self.residual[rows.start * n..rows.end * n];
+        add_norm_rows(own, res, self.params, self.eps);
+    }
+}
+
 /// Output columns per tile: two 512-bit registers.
 pub(crate) const NR: usize = 32;
 /// Rows per AVX-512 tile at most: 2 × 12 accumulators, two weight vectors and a broadcast
@@ -62,7 +93,7 @@ const MR: usize = 12;
 const PREFETCH: usize = 24;
 /// Rows one task takes: eight tiles, so each weight panel a task reads from cache serves
 /// them all.
-const ROWS_PER_TASK: usize = 8 * MR;
+pub(crate) const ROWS_PER_TASK: usize = 8 * MR;
 /// Inner dimensions up to which an AVX-512 task runs tile by tile across a chunk of
 /// panels (tile order), rather than panel by panel across its tiles (panel order). The
 /// intent: a tile's rows (12 × k × 4 bytes: 18 KiB at k = 384) stay in L1 while the
@@ -157,15 +188,34 @@ impl PackedLinear {
     /// `epi(x · w)` for `x` row-major `[m, k]`; returns `[m, n]` row-major. Panics where
     /// [`runs_here`] is false: callers check it before packing.
     pub(crate) fn forward(&self, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
-        self.forward_on(cpu_isa(), x, m, epi)
+        self.forward_on(cpu_isa(), x, m, epi, None)
+    }
+
+    /// `norm(x · w)` for `x` row-major `[m, k]`: [`forward`](Self::forward) with each
+    /// output row then normalized by `norm` ([`RowNorm`]) in place.
+    pub(crate) fn forward_norm(&self, x: &[f32], m: usize, norm: RowNorm) -> Vec<f32> {
+        self.forward_on(cpu_isa(), x, m, Epilogue::None, Some(norm))
     }
 
     /// [`forward`](Self::forward) on the route of `isa` (tests run each one the CPU has),
-    /// in the order [`TILE_ORDER_MAX_K`] picks for it.
-    fn forward_on(&self, isa: CpuIsa, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
-        let chunk = (isa >= CpuIsa::Avx512 && self.k <= TILE_ORDER_MAX_K)
-            .then(|| l2_bytes() / CHUNK_L2_SHARE / (self.k * NR * size_of::<f32>()));
-        self.forward_in(isa, x, m, epi, chunk)
+    /// in the order [`TILE_ORDER_MAX_K`] picks for it, rows then normalized by `norm`.
+    fn forward_on(
+        &self,
+        isa: CpuIsa,
+        x: &[f32],
+        m: usize,
+        epi: Epilogue,
+        norm: Option<RowNorm>,
+    ) -> Vec<f32> {
+        self.forward_in(isa, x, m, epi, norm, self.chunk(isa))
+    }
+
+    /// The task order [`TILE_ORDER_MAX_K`] picks on `isa`'s route: tile order over chunks
+    /// of this many panels (one at least, were the L2 smaller than a panel's share), or
+    /// panel order (None).
+    fn chunk(&self, isa: CpuIsa) -> Option<usize> {
+        (isa >= CpuIsa::Avx512 && self.k <= TILE_ORDER_MAX_K)
+            .then(|| (l2_bytes() / CHUNK_L2_SHARE / (self.k * NR * size_of::<f32>())).max(1))
     }
 
     /// [`forward_on`](Self::forward_on) in panel order (`chunk` None) or in tile order
@@ -177,6 +227,7 @@ impl PackedLinear {
         x: &[f32],
         m: usize,
         epi: Epilogue,
+        norm: Option<RowNorm>,
         chunk: Option<usize>,
     ) -> Vec<f32> {
         let (k, n) = (self.k, self.n);
@@ -187,69 +238,260 @@ impl PackedLinear {
         if let Some(b) = epi.bias() {
             assert_eq!(b.len(), n, "bias is not [{n}]");
         }
+        if let Some(norm) = norm {
+            assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
+            assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
+        }
         // Not zeroed first: the tiles write every output.
         let mut y: Vec<f32> = Vec::with_capacity(m * n);
         let out = Dst(y.as_mut_ptr());
         let panels = n.div_ceil(NR);
         let row_tasks = m.div_ceil(ROWS_PER_TASK);
-        // A short batch has too few rows to keep every core busy: split the columns too.
-        let want = 2 * rayon::current_num_threads();
-        let col_groups = if row_tasks >= want {
-            1
-        } else {
-            want.div_ceil(row_tasks).min(panels)
-        };
+        let col_groups = col_groups(row_tasks, panels);
         let per_group = panels.div_ceil(col_groups);
         (0..row_tasks * col_groups).into_par_iter().for_each(|t| {
             let (rt, g) = (t / col_groups, t % col_groups);
             let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
             let group = g * per_group..((g + 1) * per_group).min(panels);
-            // `count` rows from row `r0` through panel `p`; the callers below pass rows
-            // within `rows` and panels within `group`, this task's own.
-            let product = |r0: usize, count: usize, p: usize| {
-                let c0 = p * NR;
-                // SAFETY: `panel_fn` checked the CPU has the route's features; the task
-                // writes only its own rows × panels of `y`, which holds m × n, and reads
-                // rows of `x` and one panel of the packing, both in bounds.
-                unsafe {
-                    panel(Panel {
-                        x: x.as_ptr().add(r0 * k),
-                        lda: k,
-                        rows: count,
-                        k,
-                        w: self.packed.as_ptr().add(p * k * NR),
-                        y: out.at(r0 * n + c0),
-                        ldy: n,
-                        live: (n - c0).min(NR),
-                        c0,
-                        epi,
-                    })
-                };
+            // SAFETY: `panel_fn` checked the CPU has the route's features; the task reads
+            // its own rows of `x` and writes only its own rows × panels of `y`, which
+            // holds m × n.
+            unsafe {
+                self.task(
+                    panel,
+                    x.as_ptr().add(rows.start * k),
+                    k,
+                    rows.len(),
+                    group,
+                    out.at(rows.start * n),
+                    n,
+                    epi,
+                    chunk,
+                )
             };
-            let Some(per_chunk) = chunk else {
-                for p in group {
-                    product(rows.start, rows.len(), p);
-                }
-                return;
-            };
-            // Near-equal tiles, as `panel` would cut them (25 rows are 9 + 8 + 8).
-            let tiles = rows.len().div_ceil(MR);
-            for first in group.clone().step_by(per_chunk) {
-                let panels = first..first.saturating_add(per_chunk).min(group.end);
-                let mut r = rows.start;
-                for tile in 0..tiles {
-                    let mr = (rows.end - r).div_ceil(tiles - tile);
-                    for p in panels.clone() {
-                        product(r, mr, p);
-                    }
-                    r += mr;
-                }
+            if let (Some(norm), 1) = (norm, col_groups) {
+                // SAFETY: this task owns these rows whole (one column group) and has just
+                // stored every one of their outputs; no other task touches them.
+                unsafe { norm.apply_to(out, n, rows) };
             }
         });
         // SAFETY: the tasks cover every row and every panel once, and each tile stores
         // every real column of its panel.
         unsafe { y.set_len(m * n) };
+        if let (Some(norm), 2..) = (norm, col_groups) {
+            // A short batch, its rows split across tasks by columns: normalized once every
+            // column is in, still in place.
+            // As many rows a task as the separate add-norm op takes.
+            let rows = n * kernels::ROWS_PER_TASK;
+            y.par_chunks_mut(rows)
+                .zip(norm.residual.par_chunks(rows))
+                .for_each(|(y, res)| add_norm_rows(y, res, norm.params, norm.eps));
+        }
         y
+    }
+
+    /// `epi(x · w)` for `rows` rows of `x` (row stride `lda`) into `y` (row stride
+    /// `ldy`), on the calling thread, in the order [`TILE_ORDER_MAX_K`] picks: for callers
+    /// that carry a task of rows through several steps (attention's block).
+    ///
+    /// # Safety
+    /// [`runs_here`] holds; `x` is readable for `rows` rows of `k` values and `y` writable
+    /// for `rows` rows of `n`, and no other thread writes either meanwhile.
+    pub(crate) unsafe fn rows_into(
+        &self,
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+        epi: Epilogue,
+    ) {
+        self.rows_into_on(cpu_isa(), x, lda, rows, y, ldy, epi)
+    }
+
+    /// [`rows_into`](Self::rows_into) on the route of `isa`, which the CPU has.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_into_on(
+        &self,
+        isa: CpuIsa,
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+        epi: Epilogue,
+    ) {
+        let chunk = self.chunk(isa);
+        let panels = 0..self.n.div_ceil(NR);
+        self.task(panel_fn(isa), x, lda, rows, panels, y, ldy, epi, chunk)
+    }
+
+    /// One task's share of a product: `rows` rows of `x` (row stride `lda`, `k` inputs
+    /// each) through the panels in `group`, into `y` (row stride `ldy`, the first panel's
+    /// column 0 at `y`'s first column), in panel order (`chunk` None) or in tile order over
+    /// chunks of `chunk` ≥ 1 panels ([`TILE_ORDER_MAX_K`]).
+    ///
+    /// # Safety
+    /// `panel` is [`panel_fn`]'s for a route this CPU has; `x` is readable for `rows` rows
+    /// of `k` values, and `y` writable at every row's columns of the panels in `group`, and
+    /// no other thread writes them meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn task(
+        &self,
+        panel: unsafe fn(Panel),
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        group: std::ops::Range<usize>,
+        y: *mut f32,
+        ldy: usize,
+        epi: Epilogue,
+        chunk: Option<usize>,
+    ) {
+        let (k, n) = (self.k, self.n);
+        // `count` rows from row `r0` through panel `p`: rows and panels the caller's.
+        let product = |r0: usize, count: usize, p: usize| {
+            let c0 = p * NR;
+            panel(Panel {
+                x: x.add(r0 * lda),
+                lda,
+                rows: count,
+                k,
+                w: self.packed.as_ptr().add(p * k * NR),
+                y: y.add(r0 * ldy + c0),
+                ldy,
+                live: (n - c0).min(NR),
+                c0,
+                epi,
+            })
+        };
+        let Some(per_chunk) = chunk else {
+            for p in group {
+                product(0, rows, p);
+            }
+            return;
+        };
+        // Near-equal tiles, as `panel` would cut them (25 rows are 9 + 8 + 8).
+        let tiles = rows.div_ceil(MR);
+        for first in group.clone().step_by(per_chunk) {
+            let panels = first..first.saturating_add(per_chunk).min(group.end);
+            let mut r = 0;
+            for tile in 0..tiles {
+                let mr = (rows - r).div_ceil(tiles - tile);
+                for p in panels.clone() {
+                    product(r, mr, p);
+                }
+                r += mr;
+            }
+        }
+    }
+}
+
+/// BERT's feed-forward and the add-norm after it: `norm(GELU(x · up + up_bias) · down)`
+/// for `x` row-major `[m, k]`, each task carrying its rows through both layers. The
+/// intermediate rows (a task's 96 × 1,536 at MiniLM's widths: 576 KiB) go to a buffer of
+/// the thread's, in its core's L2, instead of out to an `[m, I]` tensor (the layer's
+/// widest, 48 MiB for 32 passages of 256 tokens) and back. A batch too short for tasks of
+/// whole rows (see [`col_groups`]) runs the two products. Either way the same bits.
+pub(crate) fn feed_forward(
+    up: &PackedLinear,
+    up_bias: &[f32],
+    down: &PackedLinear,
+    x: &[f32],
+    m: usize,
+    norm: RowNorm,
+) -> Vec<f32> {
+    feed_forward_on(cpu_isa(), up, up_bias, down, x, m, norm)
+}
+
+thread_local! {
+    /// A [`feed_forward`] task's intermediate rows, kept from task to task: a fresh
+    /// 576 KiB allocation is a mapping of new pages, each faulted in, every time.
+    static INTERMEDIATE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Frees this thread's [`feed_forward`] buffer (an idle engine hands it back).
+pub(crate) fn release_thread_buffer() {
+    // Left for next time, not a panic, were it ever borrowed here (see `release_thread_buffers`).
+    INTERMEDIATE.with(|mid| {
+        if let Ok(mut mid) = mid.try_borrow_mut() {
+            *mid = Vec::new();
+        }
+    });
+}
+
+/// [`feed_forward`] on the route of `isa` (tests run each one the CPU has).
+fn feed_forward_on(
+    isa: CpuIsa,
+    up: &PackedLinear,
+    up_bias: &[f32],
+    down: &PackedLinear,
+    x: &[f32],
+    m: usize,
+    norm: RowNorm,
+) -> Vec<f32> {
+    let (k, i, n) = (up.k, up.n, down.n);
+    assert_eq!(
+        down.k, i,
+        "a feed-forward of [{k}, {i}] then [{}, {n}]",
+        down.k
+    );
+    let row_tasks = m.div_ceil(ROWS_PER_TASK);
+    if !fills_the_cores(row_tasks) {
+        let mid = up.forward_on(isa, x, m, Epilogue::BiasGelu(up_bias), None);
+        return down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
+    }
+    assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
+    assert_eq!(up_bias.len(), i, "bias is not [{i}]");
+    assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
+    assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
+    // Not zeroed first: the tiles write every output.
+    let mut y: Vec<f32> = Vec::with_capacity(m * n);
+    let out = Dst(y.as_mut_ptr());
+    (0..row_tasks).into_par_iter().for_each(|rt| {
+        let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
+        INTERMEDIATE.with_borrow_mut(|mid| {
+            if mid.len() < rows.len() * i {
+                mid.resize(rows.len() * i, 0.0);
+            }
+            // SAFETY: `panel_fn` checked the CPU has the route's features. The task reads
+            // its own rows of `x`, writes and then reads its rows of `mid` (which holds
+            // them all), and writes every panel of its own rows of `y` (m × n), which no
+            // other task touches. Nothing in either product calls into rayon, so no other
+            // task runs on this thread while `mid` is borrowed.
+            unsafe {
+                let x = x.as_ptr().add(rows.start * k);
+                let gelu = Epilogue::BiasGelu(up_bias);
+                up.rows_into_on(isa, x, k, rows.len(), mid.as_mut_ptr(), i, gelu);
+                let y = out.at(rows.start * n);
+                down.rows_into_on(isa, mid.as_ptr(), i, rows.len(), y, n, Epilogue::None);
+            }
+        });
+        // SAFETY: as above: this task's rows, every output of which it has just stored.
+        unsafe { norm.apply_to(out, n, rows) };
+    });
+    // SAFETY: the tasks cover every row, and each stores every column of its rows.
+    unsafe { y.set_len(m * n) };
+    y
+}
+
+/// Whether `tasks` keep every thread of the pool busy: two each, so that one slow task
+/// leaves its thread another to take. Fewer, and a product splits columns too
+/// ([`col_groups`]) while the fused steps ([`feed_forward`], `attention::block`) run apart.
+pub(crate) fn fills_the_cores(tasks: usize) -> bool {
+    tasks >= 2 * rayon::current_num_threads()
+}
+
+/// Column groups a layer's `panels` are split into for `row_tasks` tasks of rows: a
+/// short batch has too few rows to keep every core busy, so its columns are split too.
+fn col_groups(row_tasks: usize, panels: usize) -> usize {
+    if fills_the_cores(row_tasks) {
+        1
+    } else {
+        // No rows is no task to split (and no division by zero).
+        (2 * rayon::current_num_threads())
+            .div_ceil(row_tasks.max(1))
+            .min(panels)
     }
 }
 
@@ -284,7 +526,7 @@ pub(crate) unsafe fn panel(p: Panel) {
 
 /// The output buffer, shared by tasks that write disjoint tiles of it.
 #[derive(Clone, Copy)]
-struct Dst(*mut f32);
+pub(crate) struct Dst(pub(crate) *mut f32);
 // SAFETY: tasks write disjoint elements; `forward` waits for all of them.
 unsafe impl Send for Dst {}
 unsafe impl Sync for Dst {}
@@ -294,7 +536,7 @@ impl Dst {
     ///
     /// # Safety
     /// `i` is within the buffer.
-    unsafe fn at(self, i: usize) -> *mut f32 {
+    pub(crate) unsafe fn at(self, i: usize) -> *mut f32 {
         self.0.add(i)
     }
 }
@@ -558,6 +800,24 @@ pub(crate) mod tests {
         routes
     }
 
+    /// `n` values from [`lcg`].
+    pub(crate) fn values(n: usize, seed: &mut u64) -> Vec<f32> {
+        (0..n).map(|_| lcg(seed)).collect()
+    }
+
+    /// Whether two outputs are the same, bit for bit.
+    pub(crate) fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    /// A pool of `threads`, so that how rows split into tasks is the same on any host.
+    pub(crate) fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool")
+    }
+
     /// Every shape edge: rows not a multiple of a tile or of a task (and more rows than
     /// one task), outputs not a multiple of a panel or of a register, odd inputs; on
     /// AVX-512 both task orders (k up to and past [`TILE_ORDER_MAX_K`]).
@@ -580,10 +840,10 @@ pub(crate) mod tests {
             (200, 384, 1152),
             (200, 1536, 384),
         ] {
-            let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-            let w: Vec<f32> = (0..k * n).map(|_| lcg(&mut seed)).collect();
+            let x = values(m * k, &mut seed);
+            let w = values(k * n, &mut seed);
             let want = reference(&x, &w, m, k, n);
-            let got = PackedLinear::new(&w, k, n).forward_on(isa, &x, m, Epilogue::None);
+            let got = PackedLinear::new(&w, k, n).forward_on(isa, &x, m, Epilogue::None, None);
             assert_eq!(got.len(), m * n);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 // f32 sums of k products of values in [-1, 1]: rounding grows with k.
@@ -603,29 +863,23 @@ pub(crate) mod tests {
     /// the same on any host.
     #[test]
     fn every_task_order_gives_the_same_bits() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("a 2-thread pool");
+        let pool = pool(2);
         pool.install(|| {
             for isa in routes() {
                 let mut seed = 3;
                 for &(m, k, n) in &[(25, 384, 1152), (200, 384, 1000), (13, 40, 45)] {
-                    let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-                    let w: Vec<f32> = (0..k * n).map(|_| lcg(&mut seed)).collect();
-                    let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+                    let x = values(m * k, &mut seed);
+                    let w = values(k * n, &mut seed);
+                    let b = values(n, &mut seed);
                     let l = PackedLinear::new(&w, k, n);
                     let epi = Epilogue::BiasGelu(&b);
-                    let want = l.forward_in(isa, &x, m, epi, None);
+                    let want = l.forward_in(isa, &x, m, epi, None, None);
                     for chunk in [1, 2, 3, 10, usize::MAX] {
                         // The output is not zeroed, and may reuse the last one's memory:
                         // poison it first, so an output left unwritten cannot pass.
                         drop(std::hint::black_box(vec![f32::NAN; m * n]));
-                        let got = l.forward_in(isa, &x, m, epi, Some(chunk));
-                        let same = got
-                            .iter()
-                            .zip(&want)
-                            .all(|(g, w)| g.to_bits() == w.to_bits());
+                        let got = l.forward_in(isa, &x, m, epi, None, Some(chunk));
+                        let same = same_bits(&got, &want);
                         assert!(same, "{isa:?} {m}x{k}x{n}, chunks of {chunk}");
                     }
                 }
@@ -645,13 +899,13 @@ pub(crate) mod tests {
     fn epilogues_match_on(isa: CpuIsa) {
         let (m, k, n) = (14, 24, 45);
         let mut seed = 5;
-        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-        let w: Vec<f32> = (0..k * n).map(|_| lcg(&mut seed)).collect();
-        let b: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+        let x = values(m * k, &mut seed);
+        let w = values(k * n, &mut seed);
+        let b = values(n, &mut seed);
         let l = PackedLinear::new(&w, k, n);
-        let plain = l.forward_on(isa, &x, m, Epilogue::None);
+        let plain = l.forward_on(isa, &x, m, Epilogue::None, None);
         for epi in [Epilogue::Bias(&b), Epilogue::BiasGelu(&b)] {
-            let got = l.forward_on(isa, &x, m, epi);
+            let got = l.forward_on(isa, &x, m, epi, None);
             for (i, g) in got.iter().enumerate() {
                 let want = epi.apply(plain[i], i % n);
                 assert!(
@@ -660,6 +914,78 @@ pub(crate) mod tests {
                 );
             }
         }
+    }
+
+    /// The add-norm fused into the product gives the product, then the add-norm, bit for
+    /// bit: with the rows split by columns across tasks (a short batch, normalized after)
+    /// and whole rows per task (normalized by the task), in both task orders. One thread
+    /// pins which of the two each shape takes.
+    #[test]
+    fn the_fused_add_norm_gives_the_product_then_the_add_norm() {
+        let pool = pool(1);
+        pool.install(|| {
+            for isa in routes() {
+                let mut seed = 7;
+                // 10 rows: one row task, so two column groups; 200: three row tasks.
+                for &(m, k, n) in &[(10, 40, 45), (200, 64, 96), (200, 384, 384)] {
+                    let x = values(m * k, &mut seed);
+                    let w = values(k * n, &mut seed);
+                    let residual = values(m * n, &mut seed);
+                    let params = values(3 * n, &mut seed);
+                    let l = PackedLinear::new(&w, k, n);
+                    let mut want = l.forward_on(isa, &x, m, Epilogue::None, None);
+                    add_norm_rows(&mut want, &residual, &params, 1e-12);
+                    let norm = RowNorm {
+                        residual: &residual,
+                        params: &params,
+                        eps: 1e-12,
+                    };
+                    for chunk in [None, Some(2)] {
+                        let got = l.forward_in(isa, &x, m, Epilogue::None, Some(norm), chunk);
+                        let same = same_bits(&got, &want);
+                        assert!(same, "{isa:?} {m}x{k}x{n}, chunks {chunk:?}");
+                    }
+                }
+            }
+        });
+    }
+
+    /// The feed-forward fused per task gives the two products' bits: whole-row tasks
+    /// (200 rows on one thread) and a batch too short for them (10 rows), partly filled
+    /// last panels in both layers.
+    #[test]
+    fn the_fused_feed_forward_gives_the_two_products() {
+        let pool = pool(1);
+        pool.install(|| {
+            for isa in routes() {
+                let mut seed = 9;
+                let (k, i, n) = (64, 150, 45);
+                let up_w = values(k * i, &mut seed);
+                let down_w = values(i * n, &mut seed);
+                let bias = values(i, &mut seed);
+                let params = values(3 * n, &mut seed);
+                let (up, down) = (
+                    PackedLinear::new(&up_w, k, i),
+                    PackedLinear::new(&down_w, i, n),
+                );
+                for m in [10, 200] {
+                    let x = values(m * k, &mut seed);
+                    let residual = values(m * n, &mut seed);
+                    let norm = RowNorm {
+                        residual: &residual,
+                        params: &params,
+                        eps: 1e-12,
+                    };
+                    let mid = up.forward_on(isa, &x, m, Epilogue::BiasGelu(&bias), None);
+                    let want = down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
+                    // Poison what the output may reuse, so a value left unwritten fails.
+                    drop(std::hint::black_box(vec![f32::NAN; m * n]));
+                    let got = feed_forward_on(isa, &up, &bias, &down, &x, m, norm);
+                    let same = same_bits(&got, &want);
+                    assert!(same, "{isa:?}, {m} rows");
+                }
+            }
+        });
     }
 
     /// `rows` gives back the weight one output per row, padding dropped (int8 quantizes

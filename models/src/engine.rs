@@ -121,6 +121,9 @@ impl fmt::Debug for EngineOptions {
 struct Observers {
     counters: Arc<BatchCounters>,
     extra: Option<Arc<dyn BatchObserver>>,
+    /// Whether the engine's passes run on the CPU, whose kernel buffers an idle engine
+    /// frees (a card's engine leaves CPU engines' buffers, and candle's pool, alone).
+    cpu: bool,
 }
 
 impl BatchObserver for Observers {
@@ -145,6 +148,11 @@ impl BatchObserver for Observers {
     }
 
     fn idle(&self) {
+        // On a worker of the pool the CPU passes run on (see `Driven::pass`), so that its
+        // threads' kernel buffers are freed before the observer trims the heap.
+        if self.cpu {
+            Device::Cpu.with_context(crate::attention::release_thread_buffers);
+        }
         if let Some(o) = &self.extra {
             o.idle();
         }
@@ -406,6 +414,7 @@ impl Engine {
         let observers = Observers {
             counters: counters.clone(),
             extra: opts.observer.clone(),
+            cpu: device.is_cpu(),
         };
         // The thread owns the sender; when the thread ends, by a panic too, it drops and
         // every EngineLife sees it.

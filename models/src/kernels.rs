@@ -17,13 +17,15 @@ use candle_core::{
     backend::BackendStorage, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result,
     Shape, Tensor,
 };
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use crate::attention::{self, Scratch};
 
 /// Rows handed to one rayon task: big enough to amortise scheduling, small enough to
 /// spread a short batch over every thread.
-const ROWS_PER_TASK: usize = 8;
+pub(crate) const ROWS_PER_TASK: usize = 8;
 
 // ---------------------------------------------------------------------------------------
 // Scalar building blocks, written branch-free so that loops over slices vectorize.
@@ -185,11 +187,32 @@ dispatch!(qk_norm_rope_row, qk_norm_rope_body, (
 #[inline(always)]
 fn add_norm_body(x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f32]) {
     let h = x.len();
-    let (bias, rest) = params.split_at(h);
-    let (gamma, beta) = rest.split_at(h);
-    for (((o, &v), &r), &b) in out.iter_mut().zip(x).zip(res).zip(bias) {
+    for (((o, &v), &r), &b) in out.iter_mut().zip(x).zip(res).zip(&params[..h]) {
         *o = v + r + b;
     }
+    norm_body(out, &params[h..], eps);
+}
+
+/// [`add_norm_body`] for rows of width `params.len() / 3` whose `x` is already in `rows`,
+/// which the results replace: the dense kernel's tasks run it on the rows they have just
+/// stored, while those are still in cache. The same operations in the same order, so the
+/// same bits as the separate op.
+#[inline(always)]
+fn add_norm_rows_body(rows: &mut [f32], res: &[f32], params: &[f32], eps: f32) {
+    let h = params.len() / 3;
+    for (row, res) in rows.chunks_exact_mut(h).zip(res.chunks_exact(h)) {
+        for ((o, &r), &b) in row.iter_mut().zip(res).zip(&params[..h]) {
+            *o = *o + r + b;
+        }
+        norm_body(row, &params[h..], eps);
+    }
+}
+
+/// LayerNorm of one row in place, then `· gamma + beta` (`gamma_beta` = [gamma; beta]).
+#[inline(always)]
+fn norm_body(out: &mut [f32], gamma_beta: &[f32], eps: f32) {
+    let h = out.len();
+    let (gamma, beta) = gamma_beta.split_at(h);
     let mean = sum8(out) / h as f32;
     for o in out.iter_mut() {
         *o -= mean;
@@ -210,6 +233,23 @@ fn add_norm_body(x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f3
 }
 dispatch!(add_norm_row, add_norm_body,
     (x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f32]));
+dispatch!(add_norm_rows_on, add_norm_rows_body,
+    (rows: &mut [f32], res: &[f32], params: &[f32], eps: f32));
+
+/// LayerNorm(rows + bias + residual), in place, for whole rows of `params.len() / 3`
+/// values, `params` = [bias; gamma; beta]: [`add_norm`]'s CPU kernel for callers that
+/// hold the rows already (the dense kernel, on the rows it has just stored).
+pub(crate) fn add_norm_rows(rows: &mut [f32], res: &[f32], params: &[f32], eps: f32) {
+    let h = params.len() / 3;
+    assert!(
+        h > 0 && params.len() == 3 * h && rows.len().is_multiple_of(h) && res.len() == rows.len(),
+        "add-norm rows of {} values, residual of {}, params of {}",
+        rows.len(),
+        res.len(),
+        params.len()
+    );
+    add_norm_rows_on(rows, res, params, eps)
+}
 
 /// Query rows per block without a window: a whole sequence of BERT's 512 tokens takes two
 /// blocks, and an 8,192-token one needs a 256 × 8,192 score buffer per thread, not 8,192².
@@ -296,7 +336,7 @@ fn attention_seq(
     len: usize,
     heads: Heads,
     mask: &Mask,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
     scores: &mut Vec<f32>,
 ) {
     let Heads { q: nq, kv: nkv, d } = heads;
@@ -388,7 +428,7 @@ fn attention_seq(
                     m,
                     d,
                     n,
-                    out[i0 * h + head * d..].as_mut_ptr(),
+                    out[i0 * h + head * d..].as_mut_ptr().cast::<f32>(),
                     1,
                     h as isize,
                     false,
@@ -793,12 +833,16 @@ impl CustomOp1 for PackedAttention<'_> {
         if width != self.heads.qkv_width() {
             candle_core::bail!("attention: rows of {width} values for {:?}", self.heads);
         }
+        if self.lens.iter().sum::<usize>() != n || self.starts.len() != self.lens.len() {
+            candle_core::bail!("attention: sequence lengths do not cover the {n} packed rows");
+        }
         let h = self.heads.q * self.heads.d;
-        let mut out = vec![0f32; n * h];
+        // Not zeroed first: both routes store every output of every sequence.
+        let mut out: Vec<f32> = Vec::with_capacity(n * h);
         // Each sequence's output rows are one contiguous block: split them off in order
         // so sequences run in parallel without sharing anything mutable.
         let mut blocks = Vec::with_capacity(self.lens.len());
-        let mut rest = out.as_mut_slice();
+        let mut rest = &mut out.spare_capacity_mut()[..n * h];
         for &len in self.lens {
             let (block, tail) = rest.split_at_mut(len * h);
             blocks.push(block);
@@ -827,6 +871,9 @@ impl CustomOp1 for PackedAttention<'_> {
                     ),
                 }
             });
+        // SAFETY: the sequences' blocks cover all n rows (the lens sum to n, checked
+        // above), and each route stores every value of its block.
+        unsafe { out.set_len(n * h) };
         Ok((CpuStorage::F32(out), Shape::from((n, h))))
     }
 }
@@ -1225,6 +1272,24 @@ pub(crate) mod tests {
         let sum = (x.broadcast_add(&bias).unwrap() + &r).unwrap();
         let want = candle_nn::ops::layer_norm_slow(&sum, &g, &beta, 1e-12).unwrap();
         assert!(max_diff(&got, &want) < 1e-5);
+    }
+
+    /// The in-place rows the dense kernel fuses give the separate op's bits.
+    #[test]
+    fn add_norm_rows_give_the_op_bits() {
+        let x = randn(&[29, 40], 2.0);
+        let r = randn(&[29, 40], 2.0);
+        let params = randn(&[3, 40], 1.0);
+        let want = add_norm(&x, &r, &params, 1e-12, CardOps::Gpulane).unwrap();
+        let mut rows = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let res = r.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let p = params.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        add_norm_rows(&mut rows, &res, &p, 1e-12);
+        let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(rows
+            .iter()
+            .zip(&want)
+            .all(|(g, w)| g.to_bits() == w.to_bits()));
     }
 
     #[test]

@@ -228,6 +228,11 @@ impl Batch {
         }
     }
 
+    /// Each row's tokens, in the packed order.
+    pub(crate) fn lens(&self) -> &[usize] {
+        &self.lens
+    }
+
     /// The longest row, in tokens.
     pub(crate) fn longest(&self) -> usize {
         self.lens.iter().copied().max().unwrap_or(0)

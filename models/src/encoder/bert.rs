@@ -6,11 +6,17 @@
 use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 
-use super::{act::Act, batch::Batch, layers::Weight, mpnet::RelativeTable, Packed, Routing};
+use super::{
+    act::Act,
+    batch::Batch,
+    layers::{AttentionBlock, FeedForward, Weight},
+    mpnet::RelativeTable,
+    Packed, Routing,
+};
 use crate::{
     batcher::Row,
     config::{Arch, ModelConfig},
-    kernels::{self, Heads, Mask},
+    kernels::{Heads, Mask},
     ModelError,
 };
 
@@ -352,13 +358,21 @@ impl Bert {
         let heads = Heads::mha(x.dim(1)?, self.heads);
         let ops = self.routing.card_ops();
         for l in &self.layers {
-            let qkv = l.qkv.matmul_bias(&x, &l.qkv_bias)?;
-            let ctx = batch.attend(&qkv, heads, mask)?;
-            let attn = l.attn_out.matmul(&ctx)?;
-            x = kernels::add_norm(&attn, &x, &l.attn_norm, self.eps, ops)?;
-            let up = l.inter.matmul_bias_act(&x, &l.inter_bias, self.act, ops)?;
-            let down = l.out.matmul(&up)?;
-            x = kernels::add_norm(&down, &x, &l.out_norm, self.eps, ops)?;
+            let attention = AttentionBlock {
+                qkv: &l.qkv,
+                qkv_bias: &l.qkv_bias,
+                out: &l.attn_out,
+                norm: &l.attn_norm,
+                eps: self.eps,
+            };
+            x = attention.forward(&x, &batch, heads, mask, ops)?;
+            let ffn = FeedForward {
+                up: &l.inter,
+                up_bias: &l.inter_bias,
+                act: self.act,
+                down: &l.out,
+            };
+            x = ffn.forward_add_norm(&x, &l.out_norm, self.eps, ops)?;
         }
         Ok(batch.into_packed(x))
     }

@@ -4,11 +4,15 @@
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
-use super::act::Act;
+use super::{
+    act::Act,
+    batch::{Batch, Route},
+};
 use crate::{
-    dense::{self, Epilogue, PackedLinear},
+    attention::{self, BlockWeights},
+    dense::{self, Epilogue, PackedLinear, RowNorm},
     int8::QuantLinear,
-    kernels::{self, CardOps},
+    kernels::{self, CardOps, Heads, Mask},
     ModelError,
 };
 
@@ -71,6 +75,34 @@ impl Weight {
             return self.product(x, Epilogue::BiasGelu(&bias.to_vec1::<f32>()?));
         }
         Ok(act.with_bias(&self.matmul(x)?, bias, ops)?)
+    }
+
+    /// LayerNorm(x · w + bias + residual) with `params` = [bias; gamma; beta] (BERT's
+    /// add-and-norm, [`kernels::add_norm`]). Packed f32 on the CPU normalizes each row in
+    /// the task that stored it (see [`RowNorm`]); anything else runs the two ops.
+    pub(crate) fn matmul_add_norm(
+        &self,
+        x: &Tensor,
+        residual: &Tensor,
+        params: &Tensor,
+        eps: f32,
+        ops: CardOps,
+    ) -> Result<Tensor, ModelError> {
+        if let Weight::Dense(d) = self {
+            if kernels::cpu_f32(residual) && kernels::cpu_f32(params) {
+                // The outer `?` takes the slices' errors, the inner the product's.
+                return with_row_norm(residual, params, eps, |norm| {
+                    cpu_product(x, d.out_features(), |x, m| d.forward_norm(x, m, norm))
+                })?;
+            }
+        }
+        Ok(kernels::add_norm(
+            &self.matmul(x)?,
+            residual,
+            params,
+            eps,
+            ops,
+        )?)
     }
 
     /// Whether gpulane's own CPU kernels run this layer (packed f32, int8); candle's
@@ -145,6 +177,115 @@ impl Weight {
         }
         Ok(())
     }
+}
+
+/// BERT's attention block: the QKV projection (Q pre-scaled by 1/√d), attention, the
+/// output projection and the add-norm after it, `norm` = [bias; gamma; beta].
+pub(crate) struct AttentionBlock<'a> {
+    pub(crate) qkv: &'a Weight,
+    pub(crate) qkv_bias: &'a Tensor,
+    pub(crate) out: &'a Weight,
+    pub(crate) norm: &'a Tensor,
+    pub(crate) eps: f32,
+}
+
+impl AttentionBlock<'_> {
+    /// LayerNorm(attention(x · qkv + qkv_bias) · out + bias + x) over `batch`'s rows.
+    /// Packed f32 on the CPU with every key seen carries each task's sequences through all
+    /// of it on one thread ([`attention::block`]), where the batch has the tasks for it;
+    /// anything else runs the steps in turn.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        batch: &Batch,
+        heads: Heads,
+        mask: Mask,
+        ops: CardOps,
+    ) -> Result<Tensor, ModelError> {
+        if let (Weight::Dense(qkv), Weight::Dense(out), Route::Packed, Mask::Full) =
+            (self.qkv, self.out, batch.route(), &mask)
+        {
+            if kernels::cpu_f32(x) && kernels::cpu_f32(self.norm) {
+                let w = BlockWeights {
+                    qkv,
+                    qkv_bias: &self.qkv_bias.to_vec1::<f32>()?,
+                    out,
+                };
+                // `x` is the input and the residual: the output has its shape.
+                let fused = with_row_norm(x, self.norm, self.eps, |norm| {
+                    attention::block(w, norm.residual, batch.lens(), heads, norm)
+                })?;
+                if let Some(y) = fused {
+                    return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
+                }
+            }
+        }
+        let qkv = self.qkv.matmul_bias(x, self.qkv_bias)?;
+        let ctx = batch.attend(&qkv, heads, mask)?;
+        self.out.matmul_add_norm(&ctx, x, self.norm, self.eps, ops)
+    }
+}
+
+/// A feed-forward and the add-norm after it: `act(x · up + up_bias) · down`, then
+/// [`kernels::add_norm`] with the residual (BERT's intermediate and output layers).
+pub(crate) struct FeedForward<'a> {
+    pub(crate) up: &'a Weight,
+    pub(crate) up_bias: &'a Tensor,
+    pub(crate) act: Act,
+    pub(crate) down: &'a Weight,
+}
+
+impl FeedForward<'_> {
+    /// LayerNorm(act(x · up + up_bias) · down + bias + x), `params` = [bias; gamma; beta]:
+    /// the residual is the input, as in BERT. Packed f32 with the exact GELU on the CPU
+    /// carries each task's rows through both layers ([`dense::feed_forward`]); anything
+    /// else runs the ops in turn.
+    pub(crate) fn forward_add_norm(
+        &self,
+        x: &Tensor,
+        params: &Tensor,
+        eps: f32,
+        ops: CardOps,
+    ) -> Result<Tensor, ModelError> {
+        if let (Weight::Dense(up), Weight::Dense(down), Act::Gelu) = (self.up, self.down, self.act)
+        {
+            if kernels::cpu_f32(x) && kernels::cpu_f32(params) {
+                let bias = self.up_bias.to_vec1::<f32>()?;
+                // `x` is read once, as the input and as the residual.
+                let y = with_row_norm(x, params, eps, |norm| {
+                    let (rows, m) = (norm.residual, norm.residual.len() / up.in_features());
+                    dense::feed_forward(up, &bias, down, rows, m, norm)
+                })?;
+                return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
+            }
+        }
+        let mid = self.up.matmul_bias_act(x, self.up_bias, self.act, ops)?;
+        self.down.matmul_add_norm(&mid, x, params, eps, ops)
+    }
+}
+
+/// `f` with the [`RowNorm`] of a CPU f32 `residual` and its add-norm `params` ([bias;
+/// gamma; beta]), both read in place (the fused steps read the residual as their input
+/// too, through `norm.residual`).
+fn with_row_norm<R>(
+    residual: &Tensor,
+    params: &Tensor,
+    eps: f32,
+    f: impl FnOnce(RowNorm) -> R,
+) -> Result<R, ModelError> {
+    Ok(kernels::with_cpu_f32(
+        residual,
+        "add-norm residual",
+        |residual| {
+            kernels::with_cpu_f32(params, "add-norm params", |params| {
+                Ok(f(RowNorm {
+                    residual,
+                    params,
+                    eps,
+                }))
+            })
+        },
+    )?)
 }
 
 /// A CPU kernel's product on the f32 tensor `x` (any leading dimensions), read in place:
