@@ -44,6 +44,28 @@ fn minilm_matches_sentence_transformers() {
     );
 }
 
+/// The fused BERT steps (the attention block and the feed-forward, each per task of
+/// rows) serve a batch only where it gives every thread two tasks. On one thread these 24
+/// texts (989 rows, one batch) make eleven feed-forward tasks and several attention-block
+/// ones, so the reference is met through the fused steps whatever the host's core count.
+#[test]
+fn minilm_matches_sentence_transformers_through_the_fused_steps() {
+    let r = reference(&fixtures().join("minilm/reference.json"));
+    let model = minilm_f32();
+    let texts = texts(&r);
+    let out = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a 1-thread pool")
+        .install(|| model.embed(&texts, EmbedOptions::default()))
+        .unwrap();
+    assert_close(
+        &out.vectors,
+        &floats(&r["embeddings"]),
+        "minilm embeddings, one thread",
+    );
+}
+
 #[test]
 fn minilm_refuses_long_text_when_truncation_is_off() {
     let r = reference(&fixtures().join("minilm/reference.json"));
