@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use crate::{
     dense::{self, Dst, Epilogue, PackedLinear, Panel, RowNorm, NR, ROWS_PER_TASK},
+    feed_forward,
     kernels::{softmax_row, Heads},
 };
 
@@ -163,7 +164,7 @@ thread_local! {
     static BLOCK_SCRATCH: RefCell<BlockScratch> = RefCell::new(BlockScratch::default());
 }
 
-/// Frees the per-thread buffers of [`block`] and of `dense::feed_forward` on every thread
+/// Frees the per-thread buffers of [`block`] and of the `feed_forward` steps on every thread
 /// of the calling thread's rayon pool: an idle engine hands them back before the heap is
 /// trimmed (up to a few MiB a thread for BERT-large's widths). Called off the pool, it
 /// runs on the global one.
@@ -176,7 +177,7 @@ pub(crate) fn release_thread_buffers() {
                 *s = BlockScratch::default();
             }
         });
-        dense::release_thread_buffer();
+        feed_forward::release_thread_buffer();
     });
 }
 

@@ -14,8 +14,6 @@
 //! width, takes each panel as two 16-column halves in tiles of 6 rows (the usual 6×16
 //! AVX2 register tile), on the same packing.
 
-use std::cell::RefCell;
-
 use rayon::prelude::*;
 
 use crate::{
@@ -199,7 +197,7 @@ impl PackedLinear {
 
     /// [`forward`](Self::forward) on the route of `isa` (tests run each one the CPU has),
     /// in the order [`TILE_ORDER_MAX_K`] picks for it, rows then normalized by `norm`.
-    fn forward_on(
+    pub(crate) fn forward_on(
         &self,
         isa: CpuIsa,
         x: &[f32],
@@ -311,7 +309,7 @@ impl PackedLinear {
 
     /// [`rows_into`](Self::rows_into) on the route of `isa`, which the CPU has.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn rows_into_on(
+    pub(crate) unsafe fn rows_into_on(
         &self,
         isa: CpuIsa,
         x: *const f32,
@@ -387,97 +385,9 @@ impl PackedLinear {
     }
 }
 
-/// BERT's feed-forward and the add-norm after it: `norm(GELU(x · up + up_bias) · down)`
-/// for `x` row-major `[m, k]`, each task carrying its rows through both layers. The
-/// intermediate rows (a task's 96 × 1,536 at MiniLM's widths: 576 KiB) go to a buffer of
-/// the thread's, in its core's L2, instead of out to an `[m, I]` tensor (the layer's
-/// widest, 48 MiB for 32 passages of 256 tokens) and back. A batch too short for tasks of
-/// whole rows (see [`col_groups`]) runs the two products. Either way the same bits.
-pub(crate) fn feed_forward(
-    up: &PackedLinear,
-    up_bias: &[f32],
-    down: &PackedLinear,
-    x: &[f32],
-    m: usize,
-    norm: RowNorm,
-) -> Vec<f32> {
-    feed_forward_on(cpu_isa(), up, up_bias, down, x, m, norm)
-}
-
-thread_local! {
-    /// A [`feed_forward`] task's intermediate rows, kept from task to task: a fresh
-    /// 576 KiB allocation is a mapping of new pages, each faulted in, every time.
-    static INTERMEDIATE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Frees this thread's [`feed_forward`] buffer (an idle engine hands it back).
-pub(crate) fn release_thread_buffer() {
-    // Left for next time, not a panic, were it ever borrowed here (see `release_thread_buffers`).
-    INTERMEDIATE.with(|mid| {
-        if let Ok(mut mid) = mid.try_borrow_mut() {
-            *mid = Vec::new();
-        }
-    });
-}
-
-/// [`feed_forward`] on the route of `isa` (tests run each one the CPU has).
-fn feed_forward_on(
-    isa: CpuIsa,
-    up: &PackedLinear,
-    up_bias: &[f32],
-    down: &PackedLinear,
-    x: &[f32],
-    m: usize,
-    norm: RowNorm,
-) -> Vec<f32> {
-    let (k, i, n) = (up.k, up.n, down.n);
-    assert_eq!(
-        down.k, i,
-        "a feed-forward of [{k}, {i}] then [{}, {n}]",
-        down.k
-    );
-    let row_tasks = m.div_ceil(ROWS_PER_TASK);
-    if !fills_the_cores(row_tasks) {
-        let mid = up.forward_on(isa, x, m, Epilogue::BiasGelu(up_bias), None);
-        return down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
-    }
-    assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
-    assert_eq!(up_bias.len(), i, "bias is not [{i}]");
-    assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
-    assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
-    // Not zeroed first: the tiles write every output.
-    let mut y: Vec<f32> = Vec::with_capacity(m * n);
-    let out = Dst(y.as_mut_ptr());
-    (0..row_tasks).into_par_iter().for_each(|rt| {
-        let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
-        INTERMEDIATE.with_borrow_mut(|mid| {
-            if mid.len() < rows.len() * i {
-                mid.resize(rows.len() * i, 0.0);
-            }
-            // SAFETY: `panel_fn` checked the CPU has the route's features. The task reads
-            // its own rows of `x`, writes and then reads its rows of `mid` (which holds
-            // them all), and writes every panel of its own rows of `y` (m × n), which no
-            // other task touches. Nothing in either product calls into rayon, so no other
-            // task runs on this thread while `mid` is borrowed.
-            unsafe {
-                let x = x.as_ptr().add(rows.start * k);
-                let gelu = Epilogue::BiasGelu(up_bias);
-                up.rows_into_on(isa, x, k, rows.len(), mid.as_mut_ptr(), i, gelu);
-                let y = out.at(rows.start * n);
-                down.rows_into_on(isa, mid.as_ptr(), i, rows.len(), y, n, Epilogue::None);
-            }
-        });
-        // SAFETY: as above: this task's rows, every output of which it has just stored.
-        unsafe { norm.apply_to(out, n, rows) };
-    });
-    // SAFETY: the tasks cover every row, and each stores every column of its rows.
-    unsafe { y.set_len(m * n) };
-    y
-}
-
 /// Whether `tasks` keep every thread of the pool busy: two each, so that one slow task
 /// leaves its thread another to take. Fewer, and a product splits columns too
-/// ([`col_groups`]) while the fused steps ([`feed_forward`], `attention::block`) run apart.
+/// ([`col_groups`]) while the fused steps (`feed_forward`'s, `attention::block`) run apart.
 pub(crate) fn fills_the_cores(tasks: usize) -> bool {
     tasks >= 2 * rayon::current_num_threads()
 }
@@ -945,44 +855,6 @@ pub(crate) mod tests {
                         let same = same_bits(&got, &want);
                         assert!(same, "{isa:?} {m}x{k}x{n}, chunks {chunk:?}");
                     }
-                }
-            }
-        });
-    }
-
-    /// The feed-forward fused per task gives the two products' bits: whole-row tasks
-    /// (200 rows on one thread) and a batch too short for them (10 rows), partly filled
-    /// last panels in both layers.
-    #[test]
-    fn the_fused_feed_forward_gives_the_two_products() {
-        let pool = pool(1);
-        pool.install(|| {
-            for isa in routes() {
-                let mut seed = 9;
-                let (k, i, n) = (64, 150, 45);
-                let up_w = values(k * i, &mut seed);
-                let down_w = values(i * n, &mut seed);
-                let bias = values(i, &mut seed);
-                let params = values(3 * n, &mut seed);
-                let (up, down) = (
-                    PackedLinear::new(&up_w, k, i),
-                    PackedLinear::new(&down_w, i, n),
-                );
-                for m in [10, 200] {
-                    let x = values(m * k, &mut seed);
-                    let residual = values(m * n, &mut seed);
-                    let norm = RowNorm {
-                        residual: &residual,
-                        params: &params,
-                        eps: 1e-12,
-                    };
-                    let mid = up.forward_on(isa, &x, m, Epilogue::BiasGelu(&bias), None);
-                    let want = down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
-                    // Poison what the output may reuse, so a value left unwritten fails.
-                    drop(std::hint::black_box(vec![f32::NAN; m * n]));
-                    let got = feed_forward_on(isa, &up, &bias, &down, &x, m, norm);
-                    let same = same_bits(&got, &want);
-                    assert!(same, "{isa:?}, {m} rows");
                 }
             }
         });

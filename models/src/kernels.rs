@@ -92,8 +92,8 @@ fn exp(x: f32) -> f32 {
 // calls an AVX2+FMA-compiled copy when the CPU has it.
 
 macro_rules! dispatch {
-    ($name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
-        fn $name($($arg: $ty),*) {
+    ($vis:vis $name:ident, $body:ident, ($($arg:ident : $ty:ty),*)) => {
+        $vis fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
                 // 16 lanes where the CPU has AVX-512: twice the exp and erf per
@@ -138,7 +138,7 @@ fn gated_gelu_body(x: &[f32], out: &mut [f32]) {
         *o = gelu(v) * g;
     }
 }
-dispatch!(gated_gelu_row, gated_gelu_body, (x: &[f32], out: &mut [f32]));
+dispatch!(pub(crate) gated_gelu_row, gated_gelu_body, (x: &[f32], out: &mut [f32]));
 
 /// out = SiLU(gate) · up for one row of a SwiGLU feed-forward's up-projection,
 /// `x = [gate | up]` (Qwen3's `gate_proj` and `up_proj`, concatenated at load).
@@ -149,7 +149,7 @@ fn gated_silu_body(x: &[f32], out: &mut [f32]) {
         *o = g / (1.0 + exp(-g)) * u;
     }
 }
-dispatch!(gated_silu_row, gated_silu_body, (x: &[f32], out: &mut [f32]));
+dispatch!(pub(crate) gated_silu_row, gated_silu_body, (x: &[f32], out: &mut [f32]));
 
 /// One token's `[Q | K | V]` row in place: each Q head RMS-normalized with `qw`, each K
 /// head with `kw` (as candle's `rms_norm`: x / √(mean(x²) + eps) · w), then both rotated
@@ -231,6 +231,49 @@ fn norm_body(out: &mut [f32], gamma_beta: &[f32], eps: f32) {
         *o = *o * inv * g + b;
     }
 }
+/// LayerNorm of each `gamma_beta.len() / 2`-wide row in place, then `· gamma + beta`
+/// (`gamma_beta` = [gamma; beta]): a pre-norm layer's input norm (ModernBERT's).
+#[inline(always)]
+fn layer_norm_rows_body(rows: &mut [f32], gamma_beta: &[f32], eps: f32) {
+    for row in rows.chunks_exact_mut(gamma_beta.len() / 2) {
+        norm_body(row, gamma_beta, eps);
+    }
+}
+
+/// RMSNorm of each `weight.len()`-wide row in place: x / √(mean(x²) + eps) · w, as
+/// candle's `rms_norm` (Qwen3's layer norms), its sum of squares in eight lanes.
+#[inline(always)]
+fn rms_norm_rows_body(rows: &mut [f32], weight: &[f32], eps: f32) {
+    let h = weight.len();
+    for row in rows.chunks_exact_mut(h) {
+        let mut sq = [0f32; 8];
+        let chunks = row.chunks_exact(8);
+        let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+        for c in chunks {
+            for k in 0..8 {
+                sq[k] += c[k] * c[k];
+            }
+        }
+        let m = ((sq.iter().sum::<f32>() + tail) / h as f32 + eps).sqrt();
+        for (v, &w) in row.iter_mut().zip(weight) {
+            *v = *v / m * w;
+        }
+    }
+}
+
+/// `y += x`, element-wise: a pre-norm layer's residual, added to the rows a task has just
+/// stored. The same single rounding as candle's `x + y`, so the same bits.
+#[inline(always)]
+fn add_into_body(y: &mut [f32], x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += x;
+    }
+}
+dispatch!(pub(crate) layer_norm_rows, layer_norm_rows_body,
+    (rows: &mut [f32], gamma_beta: &[f32], eps: f32));
+dispatch!(pub(crate) rms_norm_rows, rms_norm_rows_body,
+    (rows: &mut [f32], weight: &[f32], eps: f32));
+dispatch!(pub(crate) add_into, add_into_body, (y: &mut [f32], x: &[f32]));
 dispatch!(add_norm_row, add_norm_body,
     (x: &[f32], res: &[f32], params: &[f32], eps: f32, out: &mut [f32]));
 dispatch!(add_norm_rows_on, add_norm_rows_body,

@@ -18,6 +18,7 @@ mod embedder;
 mod encoder;
 mod engine;
 mod error;
+mod feed_forward;
 mod int8;
 mod isa;
 mod kernel_check;

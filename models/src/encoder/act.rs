@@ -3,6 +3,7 @@
 use candle_core::Tensor;
 
 use crate::{
+    feed_forward::GatedRow,
     kernels::{self, CardOps},
     ModelError,
 };
@@ -51,6 +52,16 @@ impl Act {
         }
         let i = up.dim(1)? / 2;
         self.apply(&up.narrow(1, 0, i)?)? * up.narrow(1, i, i)?
+    }
+
+    /// The CPU f32 row kernel of [`gated`](Self::gated), where it has one (GELU, SiLU):
+    /// what the fused feed-forward applies to each task's rows.
+    pub(crate) fn gated_row(self) -> Option<GatedRow> {
+        match self {
+            Act::Gelu => Some(kernels::gated_gelu_row),
+            Act::Silu => Some(kernels::gated_silu_row),
+            Act::GeluTanh | Act::Relu => None,
+        }
     }
 
     /// `act(x + bias)`: the fused kernel for GELU, candle ops otherwise.

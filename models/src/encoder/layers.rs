@@ -11,6 +11,7 @@ use super::{
 use crate::{
     attention::{self, BlockWeights},
     dense::{self, Epilogue, PackedLinear, RowNorm},
+    feed_forward::{self, PreNorm},
     int8::QuantLinear,
     kernels::{self, CardOps, Heads, Mask},
     ModelError,
@@ -238,7 +239,7 @@ pub(crate) struct FeedForward<'a> {
 impl FeedForward<'_> {
     /// LayerNorm(act(x · up + up_bias) · down + bias + x), `params` = [bias; gamma; beta]:
     /// the residual is the input, as in BERT. Packed f32 with the exact GELU on the CPU
-    /// carries each task's rows through both layers ([`dense::feed_forward`]); anything
+    /// carries each task's rows through both layers ([`feed_forward::feed_forward`]); anything
     /// else runs the ops in turn.
     pub(crate) fn forward_add_norm(
         &self,
@@ -254,13 +255,84 @@ impl FeedForward<'_> {
                 // `x` is read once, as the input and as the residual.
                 let y = with_row_norm(x, params, eps, |norm| {
                     let (rows, m) = (norm.residual, norm.residual.len() / up.in_features());
-                    dense::feed_forward(up, &bias, down, rows, m, norm)
+                    feed_forward::feed_forward(up, &bias, down, rows, m, norm)
                 })?;
                 return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
             }
         }
         let mid = self.up.matmul_bias_act(x, self.up_bias, self.act, ops)?;
         self.down.matmul_add_norm(&mid, x, params, eps, ops)
+    }
+}
+
+/// The norm before a pre-norm layer's feed-forward.
+#[derive(Clone, Copy)]
+pub(crate) enum NormRef<'a> {
+    Layer(&'a Norm),
+    Rms(&'a RmsNorm),
+}
+
+impl NormRef<'_> {
+    fn forward(self, x: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
+        match self {
+            NormRef::Layer(n) => n.forward(x, eps),
+            NormRef::Rms(n) => n.forward(x, eps),
+        }
+    }
+
+    /// Its weights as one CPU f32 vector: [gamma; beta] for LayerNorm, the weight for
+    /// RMSNorm (what [`PreNorm`] reads).
+    fn cpu_params(self) -> Result<Vec<f32>, ModelError> {
+        Ok(match self {
+            NormRef::Layer(n) => [n.gamma.to_vec1::<f32>()?, n.beta.to_vec1::<f32>()?].concat(),
+            NormRef::Rms(n) => n.weight.to_vec1::<f32>()?,
+        })
+    }
+}
+
+/// A pre-norm layer's gated feed-forward and its residual: `x + down(act.gated(up(norm(x))))`
+/// (ModernBERT's MLP, Qwen3's).
+pub(crate) struct GatedFeedForward<'a> {
+    pub(crate) norm: NormRef<'a>,
+    pub(crate) up: &'a Linear,
+    pub(crate) act: Act,
+    pub(crate) down: &'a Linear,
+}
+
+impl GatedFeedForward<'_> {
+    /// `x + down(act.gated(up(norm(x))))`. Packed f32 on the CPU without biases, gated
+    /// by GELU or SiLU, runs [`feed_forward::gated_feed_forward`] (each task's rows
+    /// through all of it); anything else runs the ops in turn.
+    pub(crate) fn forward_residual(
+        &self,
+        x: &Tensor,
+        eps: f32,
+        ops: CardOps,
+    ) -> Result<Tensor, ModelError> {
+        if let (Weight::Dense(up), Weight::Dense(down), None, None, Some(gate)) = (
+            &self.up.w,
+            &self.down.w,
+            &self.up.b,
+            &self.down.b,
+            self.act.gated_row(),
+        ) {
+            if kernels::cpu_f32(x) {
+                let params = self.norm.cpu_params()?;
+                let norm = match self.norm {
+                    NormRef::Layer(_) => PreNorm::Layer(&params),
+                    NormRef::Rms(_) => PreNorm::Rms(&params),
+                };
+                let m = x.elem_count() / up.in_features();
+                let y = kernels::with_cpu_f32(x, "feed-forward input", |x| {
+                    Ok(feed_forward::gated_feed_forward(
+                        norm, eps, up, gate, down, x, m,
+                    ))
+                })?;
+                return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
+            }
+        }
+        let up = self.up.forward(&self.norm.forward(x, eps)?)?;
+        Ok((x + self.down.forward(&self.act.gated(&up, ops)?)?)?)
     }
 }
 

@@ -21,7 +21,7 @@ use candle_nn::VarBuilder;
 use super::{
     act::Act,
     batch::Batch,
-    layers::{Linear, Norm, Weight},
+    layers::{GatedFeedForward, Linear, Norm, NormRef, Weight},
     rope::{rotate, Rope},
     Packed, Routing,
 };
@@ -250,10 +250,13 @@ impl ModernBert {
             };
             let ctx = batch.attend(&qkv, heads, mask)?;
             x = (x + l.attn_out.forward(&ctx)?)?;
-            let up = l.wi.forward(&l.mlp_norm.forward(&x, self.eps)?)?;
-            x = (x + l
-                .wo
-                .forward(&self.act.gated(&up, self.routing.card_ops())?)?)?;
+            x = GatedFeedForward {
+                norm: NormRef::Layer(&l.mlp_norm),
+                up: &l.wi,
+                act: self.act,
+                down: &l.wo,
+            }
+            .forward_residual(&x, self.eps, self.routing.card_ops())?;
         }
         let x = self.final_norm.forward(&x, self.eps)?;
         Ok(batch.into_packed(x))

@@ -16,7 +16,7 @@ use candle_nn::VarBuilder;
 use super::{
     act::Act,
     batch::Batch,
-    layers::{Linear, RmsNorm, Weight},
+    layers::{GatedFeedForward, Linear, NormRef, RmsNorm, Weight},
     rope::{rotate, Rope},
     Packed, Routing,
 };
@@ -192,10 +192,13 @@ impl Qwen3 {
             };
             let ctx = batch.attend(&qkv, self.heads, Mask::Causal)?;
             x = (x + l.o.forward(&ctx)?)?;
-            let up = l.gate_up.forward(&l.post_norm.forward(&x, self.eps)?)?;
-            x = (x + l
-                .down
-                .forward(&self.act.gated(&up, self.routing.card_ops())?)?)?;
+            x = GatedFeedForward {
+                norm: NormRef::Rms(&l.post_norm),
+                up: &l.gate_up,
+                act: self.act,
+                down: &l.down,
+            }
+            .forward_residual(&x, self.eps, self.routing.card_ops())?;
         }
         let x = self.norm.forward(&x, self.eps)?;
         Ok(batch.into_packed(x))
