@@ -53,17 +53,35 @@ fn minilm_matches_sentence_transformers_through_the_fused_steps() {
     let r = reference(&fixtures().join("minilm/reference.json"));
     let model = minilm_f32();
     let texts = texts(&r);
-    let out = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .expect("a 1-thread pool")
-        .install(|| model.embed(&texts, EmbedOptions::default()))
-        .unwrap();
+    let out = on_one_thread(|| model.embed(&texts, EmbedOptions::default()).unwrap());
     assert_close(
         &out.vectors,
         &floats(&r["embeddings"]),
         "minilm embeddings, one thread",
     );
+}
+
+/// The pre-norm families' gated feed-forward fused per task of rows (ModernBERT's
+/// LayerNorm and GELU, Qwen3's RMSNorm and SiLU), which like BERT's serves a batch only
+/// where it gives every thread two tasks: on one thread these fixtures' texts, in one
+/// batch, make more than two.
+#[test]
+fn pre_norm_families_match_through_the_fused_feed_forward() {
+    for name in ["tiny-modernbert-mean", "tiny-qwen3-last"] {
+        let (r, model) = embedder_and_reference(&own_fixture(name), candle_core::DType::F32);
+        let texts = texts(&r);
+        let out = on_one_thread(|| model.embed(&texts, EmbedOptions::default()).unwrap());
+        assert_close(&out.vectors, &floats(&r["embeddings"]), name);
+    }
+}
+
+/// `f` on a pool of one thread, where a batch's tasks of rows number the same on any host.
+fn on_one_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("a 1-thread pool")
+        .install(f)
 }
 
 #[test]
