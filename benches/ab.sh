@@ -12,7 +12,9 @@
 #
 # Knobs (environment): AB_CORPUS (long; a file benches/out/corpus-$AB_CORPUS.txt, which
 # `benches/run.sh speed` or benches/corpus.py writes), AB_ROUNDS (4), AB_THREADS (2),
-# AB_REPEAT (3 timed passes a run, after 1 warm-up), AB_BATCH (32 rows a pass).
+# AB_REPEAT (3 timed passes a run, after 1 warm-up), AB_BATCH (32 rows a pass), AB_MODEL
+# (a model folder; all-MiniLM-L6-v2 by default, e.g. benches/out/modernbert-mini, which
+# `BENCH_MODEL=modernbert-mini benches/run.sh speed` writes).
 # A typical use: copy target/release/gpulane to /tmp/gl-before, make the change, build,
 # then `benches/ab.sh /tmp/gl-before target/release/gpulane`.
 set -euo pipefail
@@ -29,7 +31,8 @@ CORPUS=benches/out/corpus-${AB_CORPUS:-long}.txt
 ROUNDS=${AB_ROUNDS:-4}
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "AB_ROUNDS is a whole number >= 1" >&2; exit 2; }
 [ -f "$CORPUS" ] || { echo "$CORPUS is missing: run benches/run.sh speed once (it writes the corpora)" >&2; exit 1; }
-MODEL=$(scripts/model-dir.sh)
+MODEL=${AB_MODEL:-$(scripts/model-dir.sh)}
+[ -d "$MODEL" ] || { echo "AB_MODEL $MODEL is not a folder" >&2; exit 2; }
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
@@ -45,7 +48,7 @@ rate() {
 EXTRA=("$@")
 echo "A: $A"
 echo "B: $B"
-echo "corpus $CORPUS, ${AB_THREADS:-2} threads, batch ${AB_BATCH:-32}, flags: ${EXTRA[*]:-none}"
+echo "model $MODEL, corpus $CORPUS, ${AB_THREADS:-2} threads, batch ${AB_BATCH:-32}, flags: ${EXTRA[*]:-none}"
 ratios=()
 for ((r = 1; r <= ROUNDS; r++)); do
   if ((r % 2)); then a=$(rate "$A"); b=$(rate "$B"); first=A; else b=$(rate "$B"); a=$(rate "$A"); first=B; fi
