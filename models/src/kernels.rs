@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use crate::attention::{self, Scratch};
+use crate::attention::{self, Keys, Scratch};
 
 /// Rows handed to one rayon task: big enough to amortise scheduling, small enough to
 /// spread a short batch over every thread.
@@ -361,7 +361,7 @@ impl RelativeBias {
 }
 
 /// Attention for one sequence, every head, where `attention::sequence` does not serve:
-/// windowed and relative-bias masks, and CPUs without AVX-512. `qkv` holds its `len`
+/// relative-bias masks (MPNet), and CPUs without AVX2. `qkv` holds its `len`
 /// packed rows of `[Q | K | V]` (Q pre-scaled by 1/√d), `out` its `len` rows of `q·d`. Per
 /// head, scores = Q·Kᵀ and out = softmax(scores)·V are two single-threaded gemm calls that
 /// read Q, K and V in place through strides (the caller runs sequences in parallel); only
@@ -861,7 +861,8 @@ struct PackedAttention<'a> {
     lens: &'a [usize],
     heads: Heads,
     mask: Mask<'a>,
-    /// Full and causal masks on `attention::sequence` (AVX-512), not `gemm`.
+    /// Full, causal and windowed masks on `attention::sequence` (AVX2, AVX-512), not
+    /// `gemm`.
     panels: bool,
 }
 
@@ -899,10 +900,17 @@ impl CustomOp1 for PackedAttention<'_> {
                     return;
                 }
                 let rows = &qkv[start * width..(start + len) * width];
-                match self.mask {
-                    Mask::Full | Mask::Causal if self.panels => {
-                        let causal = matches!(self.mask, Mask::Causal);
-                        attention::sequence(rows, len, self.heads, causal, block, scratch)
+                let keys = match self.mask {
+                    Mask::Full => Some(Keys::All),
+                    Mask::Causal => Some(Keys::Causal),
+                    // A window that spans the whole sequence is no window.
+                    Mask::Window(w) if w + 1 >= len => Some(Keys::All),
+                    Mask::Window(w) => Some(Keys::Window(w)),
+                    Mask::Relative(_) => None,
+                };
+                match keys {
+                    Some(keys) if self.panels => {
+                        attention::sequence(rows, len, self.heads, keys, block, scratch)
                     }
                     _ => attention_seq(
                         rows,
@@ -935,8 +943,8 @@ pub(crate) fn attention(
     attention_on(qkv, starts, lens, heads, mask, attention::runs_here())
 }
 
-/// [`attention`], with full and causal masks on `attention::sequence` where `panels`
-/// (tests run both routes).
+/// [`attention`], with full, causal and windowed masks on `attention::sequence` where
+/// `panels` (tests run both routes).
 fn attention_on(
     qkv: &Tensor,
     starts: &[usize],
@@ -1520,12 +1528,12 @@ pub(crate) mod tests {
         out
     }
 
-    /// Grouped-query heads, causal masks (over several query blocks) and a relative
-    /// bias, against plain loops, on both routes: `gemm`, and where the CPU has AVX-512
+    /// Grouped-query heads, causal and windowed masks (over several query blocks) and a
+    /// relative bias, against plain loops, on both routes: `gemm`, and where the CPU has AVX-512
     /// the panels of `attention::sequence` (heads of 8 dims fill part of one value panel,
     /// 40 one and a part, 64 two; 300 keys are nine key panels, the last part-filled).
     #[test]
-    fn packed_attention_handles_grouped_heads_causal_and_relative_masks() {
+    fn packed_attention_handles_grouped_heads_and_causal_windowed_and_relative_masks() {
         let routes: &[bool] = if attention::runs_here() {
             &[false, true]
         } else {
@@ -1565,7 +1573,19 @@ pub(crate) mod tests {
             on_device: None,
             padded: None,
         };
-        let cases: [(Mask, BiasFn); 3] = [
+        // Windows of 2 and 40 keys either side: the 300-key row's 48-row blocks then see
+        // keys from inside a panel (not from its start) to the middle of another, and the
+        // 17-key row fits inside 40 (no window).
+        let within = |w: usize, i: usize, j: usize| {
+            if i.abs_diff(j) <= w {
+                0.0
+            } else {
+                f32::NEG_INFINITY
+            }
+        };
+        let cases: [(Mask, BiasFn); 5] = [
+            (Mask::Window(2), &|_, i, j| within(2, i, j)),
+            (Mask::Window(40), &|_, i, j| within(40, i, j)),
             (Mask::Full, &|_, _, _| 0.0),
             (Mask::Causal, &|_, i, j| {
                 if j <= i {
