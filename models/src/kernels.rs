@@ -151,9 +151,33 @@ fn gated_silu_body(x: &[f32], out: &mut [f32]) {
 }
 dispatch!(pub(crate) gated_silu_row, gated_silu_body, (x: &[f32], out: &mut [f32]));
 
+/// One head's d values rotated rotate-half style by a token's `cos` / `sin` (`d/2` each):
+/// (x1, x2) → (x1·cos − x2·sin, x2·cos + x1·sin), the products and sums of candle's
+/// `rope_thd`, so the same bits.
+#[inline(always)]
+fn rotate_half(head: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let (x1, x2) = head.split_at_mut(head.len() / 2);
+    for (((a, b), &c), &s) in x1.iter_mut().zip(x2.iter_mut()).zip(cos).zip(sin) {
+        let (u, v) = (*a, *b);
+        *a = u * c - v * s;
+        *b = v * c + u * s;
+    }
+}
+
+/// One token's `[Q | K | V]` row in place: every Q and K head rotated by the token's
+/// angles; V untouched.
+#[inline(always)]
+fn rope_body(row: &mut [f32], cos: &[f32], sin: &[f32], heads: Heads) {
+    let Heads { q, kv, d } = heads;
+    for head in row[..(q + kv) * d].chunks_exact_mut(d) {
+        rotate_half(head, cos, sin);
+    }
+}
+dispatch!(rope_row, rope_body, (row: &mut [f32], cos: &[f32], sin: &[f32], heads: Heads));
+
 /// One token's `[Q | K | V]` row in place: each Q head RMS-normalized with `qw`, each K
 /// head with `kw` (as candle's `rms_norm`: x / √(mean(x²) + eps) · w), then both rotated
-/// rotate-half style by the token's `cos` / `sin` (`d/2` each); V untouched.
+/// by the token's angles; V untouched.
 #[inline(always)]
 fn qk_norm_rope_body(
     row: &mut [f32],
@@ -171,12 +195,7 @@ fn qk_norm_rope_body(
         for (v, &w) in head.iter_mut().zip(w) {
             *v = *v / m * w;
         }
-        let (x1, x2) = head.split_at_mut(d / 2);
-        for (((a, b), &c), &s) in x1.iter_mut().zip(x2.iter_mut()).zip(cos).zip(sin) {
-            let (u, v) = (*a, *b);
-            *a = u * c - v * s;
-            *b = v * c + u * s;
-        }
+        rotate_half(head, cos, sin);
     }
 }
 dispatch!(qk_norm_rope_row, qk_norm_rope_body, (
@@ -1056,29 +1075,50 @@ pub(crate) fn qk_norm_rope(
     heads: Heads,
     eps: f32,
 ) -> Result<Tensor> {
+    if q_norm.elem_count() != heads.d || k_norm.elem_count() != heads.d {
+        candle_core::bail!("qk-norm-rope: norms of {heads:?} are not [d]");
+    }
+    let (qw, kw) = (q_norm.to_vec1::<f32>()?, k_norm.to_vec1::<f32>()?);
+    rows_with_angles(qkv, cos, sin, heads, |row, c, s| {
+        qk_norm_rope_row(row, &qw, &kw, c, s, heads, eps)
+    })
+}
+
+/// Q and K of a packed `[N, (q + 2·kv)·d]` `qkv` rotated rotate-half style by each
+/// token's angles (`cos`, `sin`: `N × d/2` values); V passes through. One pass over a copy
+/// of `qkv`, on the CPU in f32 only (callers check [`cpu_f32`]), with the bits of the
+/// candle chain cards run, which copies Q and K out, rotates them in a scalar loop that
+/// strides over heads, and concatenates them back with V (three passes; 2-4% of a
+/// ModernBERT-mini pass over long passages by a profile).
+pub(crate) fn rope(qkv: &Tensor, cos: &[f32], sin: &[f32], heads: Heads) -> Result<Tensor> {
+    rows_with_angles(qkv, cos, sin, heads, |row, c, s| rope_row(row, c, s, heads))
+}
+
+/// `row(token's row, its cos, its sin)` on each row of a copy of `qkv`, tasks of
+/// [`ROWS_PER_TASK`] rows in parallel, after checking that `qkv` is `heads`' packed rows
+/// and that the angles cover every token.
+fn rows_with_angles(
+    qkv: &Tensor,
+    cos: &[f32],
+    sin: &[f32],
+    heads: Heads,
+    row: impl Fn(&mut [f32], &[f32], &[f32]) + Sync,
+) -> Result<Tensor> {
     let (n, width) = qkv.dims2()?;
-    if width != heads.qkv_width()
-        || q_norm.elem_count() != heads.d
-        || k_norm.elem_count() != heads.d
-        || !heads.d.is_multiple_of(2)
-    {
-        candle_core::bail!("qk-norm-rope: qkv [{n}, {width}] and norms do not fit {heads:?}");
+    if width != heads.qkv_width() || !heads.d.is_multiple_of(2) {
+        candle_core::bail!("rope: qkv [{n}, {width}] does not fit {heads:?}");
     }
     let half = heads.d / 2;
-    let (qw, kw) = (q_norm.to_vec1::<f32>()?, k_norm.to_vec1::<f32>()?);
     if cos.len() != n * half || sin.len() != n * half {
-        candle_core::bail!(
-            "qk-norm-rope: angles for {} tokens, not {n}",
-            cos.len() / half
-        );
+        candle_core::bail!("rope: angles for {} tokens, not {n}", cos.len() / half);
     }
-    let mut out = with_cpu_f32(qkv, "qk-norm-rope qkv", |x| Ok(x.to_vec()))?;
+    let mut out = with_cpu_f32(qkv, "rope qkv", |x| Ok(x.to_vec()))?;
     out.par_chunks_mut(width * ROWS_PER_TASK)
         .zip(cos.par_chunks(half * ROWS_PER_TASK))
         .zip(sin.par_chunks(half * ROWS_PER_TASK))
         .for_each(|((o, c), s)| {
-            for ((row, c), s) in o.chunks_mut(width).zip(c.chunks(half)).zip(s.chunks(half)) {
-                qk_norm_rope_row(row, &qw, &kw, c, s, heads, eps);
+            for ((r, c), s) in o.chunks_mut(width).zip(c.chunks(half)).zip(s.chunks(half)) {
+                row(r, c, s);
             }
         });
     Tensor::from_vec(out, (n, width), qkv.device())

@@ -3,7 +3,10 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::{kernels::Heads, ModelError};
+use crate::{
+    kernels::{self, Heads},
+    ModelError,
+};
 
 /// cos and sin of every position's rotation angles, `[positions, d/2]`, in f32: Q and K
 /// are rotated in f32 whatever the model's dtype, as transformers does.
@@ -55,8 +58,24 @@ impl Rope {
 
 /// Rotates Q and K of packed `qkv` (`[N, (q + 2·kv)·d]`) by each token's angles (`[N, 1,
 /// d/2]`, f32), rotate-half style, in f32 and rounded back to `qkv`'s dtype once, as
-/// transformers does; V passes through.
+/// transformers does; V passes through. On the CPU in f32 it is one pass
+/// (`kernels::rope`); elsewhere candle's ops, with the same bits.
 pub(crate) fn rotate(
+    qkv: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    heads: Heads,
+) -> Result<Tensor, ModelError> {
+    if [qkv, cos, sin].into_iter().all(kernels::cpu_f32) {
+        return Ok(kernels::with_cpu_f32(cos, "rope cos", |c| {
+            kernels::with_cpu_f32(sin, "rope sin", |s| kernels::rope(qkv, c, s, heads))
+        })?);
+    }
+    rotate_by_ops(qkv, cos, sin, heads)
+}
+
+/// [`rotate`] as candle ops: cards, f16 and bf16.
+fn rotate_by_ops(
     qkv: &Tensor,
     cos: &Tensor,
     sin: &Tensor,
@@ -79,6 +98,31 @@ pub(crate) fn rotate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one-pass CPU rotation gives the candle ops' bits, for multi-head and
+    /// grouped-query heads, over enough tokens for several tasks of rows.
+    #[test]
+    fn the_cpu_pass_is_the_candle_ops() {
+        for heads in [Heads { q: 6, kv: 6, d: 64 }, Heads { q: 4, kv: 2, d: 16 }] {
+            let n = 300;
+            let w = heads.qkv_width();
+            let half = heads.d / 2;
+            let wave = |k: usize, f: f32| (k as f32 * f).sin();
+            let qkv: Vec<f32> = (0..n * w).map(|k| wave(k, 0.37) * 3.0).collect();
+            let qkv = Tensor::from_vec(qkv, (n, w), &Device::Cpu).unwrap();
+            let cos: Vec<f32> = (0..n * half).map(|k| wave(k, 0.11).cos()).collect();
+            let sin: Vec<f32> = (0..n * half).map(|k| wave(k, 0.11).sin()).collect();
+            let cos = Tensor::from_vec(cos, (n, 1, half), &Device::Cpu).unwrap();
+            let sin = Tensor::from_vec(sin, (n, 1, half), &Device::Cpu).unwrap();
+            let bits = |t: Tensor| -> Vec<u32> {
+                let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+                v.into_iter().map(f32::to_bits).collect()
+            };
+            let fused = bits(rotate(&qkv, &cos, &sin, heads).unwrap());
+            let ops = bits(rotate_by_ops(&qkv, &cos, &sin, heads).unwrap());
+            assert_eq!(fused, ops, "{heads:?}");
+        }
+    }
 
     /// The rotation is transformers' rotate-half: (x1, x2) → (x1·cos − x2·sin,
     /// x2·cos + x1·sin) per head, on Q and K only (K with fewer heads too).
