@@ -68,9 +68,10 @@ impl Keys {
 
 /// Attention for one sequence, every head: `qkv` holds its `len` packed rows of
 /// `[Q | K | V]` (Q pre-scaled by 1/√d), `out` its `len` rows of `q·d`; each query sees
-/// the keys `keys` names. A block of queries is scored only against the key panels its
-/// rows can see: up to its last row when causal, and within w of its rows under a window,
-/// so a local layer costs O(len · w), not O(len²). Panics where [`runs_here`] is false.
+/// the keys `keys_seen` names. A block of queries is scored only against the key panels
+/// its rows can see: up to its last row when causal, and within w of its rows under a
+/// window, so a local layer costs O(len · w), not O(len²). Panics where [`runs_here`] is
+/// false.
 pub(crate) fn sequence(
     qkv: &[f32],
     len: usize,
