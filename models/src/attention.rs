@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use crate::{
     dense::{self, Dst, Epilogue, PackedLinear, Panel, RowNorm, NR, ROWS_PER_TASK},
     feed_forward,
-    kernels::{softmax_row, Heads},
+    kernels::{softmax_row, Heads, Keys},
 };
 
 /// Query rows per block: four of the dense kernel's 12-row AVX-512 tiles (eight AVX2
@@ -42,28 +42,6 @@ pub(crate) struct Scratch {
 /// Whether this CPU runs [`sequence`] (the dense kernel's test).
 pub(crate) fn runs_here() -> bool {
     dense::runs_here()
-}
-
-/// Which keys each query of [`sequence`] sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Keys {
-    /// Every key of the sequence (encoders).
-    All,
-    /// The keys at or before the query (decoders).
-    Causal,
-    /// The keys within w positions either side (ModernBERT's local layers).
-    Window(usize),
-}
-
-impl Keys {
-    /// The keys query `i` of a `len`-token sequence sees, as a range of positions.
-    fn of(self, i: usize, len: usize) -> std::ops::Range<usize> {
-        match self {
-            Keys::All => 0..len,
-            Keys::Causal => 0..i + 1,
-            Keys::Window(w) => i.saturating_sub(w)..(i + w + 1).min(len),
-        }
-    }
 }
 
 /// Attention for one sequence, every head: `qkv` holds its `len` packed rows of
@@ -107,7 +85,7 @@ pub(crate) fn sequence(
     // (a 0.7% faster pass over long passages on an AMD Zen 4, benches/RESULTS.md).
     let block = match keys_seen {
         Keys::Window(_) => BLOCK / 2,
-        Keys::All | Keys::Causal => BLOCK,
+        Keys::Row | Keys::Causal => BLOCK,
     };
     for kv in 0..nkv {
         let (k_col, v_col) = (h + kv * d, h + (nkv + kv) * d);
@@ -126,7 +104,7 @@ pub(crate) fn sequence(
                 let m = (i0 + block).min(len) - i0;
                 // The keys any row of the block sees, from the start of their first panel:
                 // score column c is key `first + c`.
-                let seen = keys_seen.of(i0, len).start..keys_seen.of(i0 + m - 1, len).end;
+                let seen = keys_seen.range(i0, len).start..keys_seen.range(i0 + m - 1, len).end;
                 let first = seen.start / NR * NR;
                 for p in first / NR..seen.end.div_ceil(NR) {
                     // SAFETY: `runs_here` holds. Q rows i0..i0 + m at this head's d
@@ -149,7 +127,7 @@ pub(crate) fn sequence(
                 }
                 let width = seen.end - first;
                 for (r, s) in scores.chunks_mut(stride).take(m).enumerate() {
-                    let own = keys_seen.of(i0 + r, len);
+                    let own = keys_seen.range(i0 + r, len);
                     let (a, b) = (own.start - first, own.end - first);
                     softmax_row(&mut s[a..b]);
                     s[..a].fill(0.0);
@@ -301,7 +279,7 @@ pub(crate) fn block(
                 // which `sequence` writes only floats.
                 let rows_ctx = unsafe { &mut *(rows_ctx as *mut [f32] as *mut [MaybeUninit<f32>]) };
                 if len > 0 {
-                    sequence(rows_qkv, len, heads, Keys::All, rows_ctx, attention);
+                    sequence(rows_qkv, len, heads, Keys::Row, rows_ctx, attention);
                 }
                 at += len;
             }
@@ -375,7 +353,7 @@ mod tests {
                 let c = &mut ctx[at * hidden..(at + len) * hidden];
                 // SAFETY: floats viewed as maybe-uninitialized ones, written as floats.
                 let c = unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) };
-                sequence(rows, len, heads, Keys::All, c, &mut scratch);
+                sequence(rows, len, heads, Keys::Row, c, &mut scratch);
                 at += len;
             }
             let want = out.forward_norm(&ctx, m, norm);

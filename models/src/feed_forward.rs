@@ -202,15 +202,7 @@ fn gated_feed_forward_on(
             .par_chunks_mut(k * kernels::ROWS_PER_TASK)
             .for_each(|rows| norm.apply(rows, eps));
         let mid = up.forward_on(isa, &normed, m, Epilogue::None, None);
-        let mut gated = vec![0f32; m * i];
-        gated
-            .par_chunks_mut(i * kernels::ROWS_PER_TASK)
-            .zip(mid.par_chunks(two_i * kernels::ROWS_PER_TASK))
-            .for_each(|(g, mid)| {
-                for (g, mid) in g.chunks_mut(i).zip(mid.chunks(two_i)) {
-                    gate(mid, g);
-                }
-            });
+        let gated = kernels::gated_rows(&mid, two_i, gate);
         let mut y = down.forward_on(isa, &gated, m, Epilogue::None, None);
         y.par_chunks_mut(n * kernels::ROWS_PER_TASK)
             .zip(x.par_chunks(n * kernels::ROWS_PER_TASK))

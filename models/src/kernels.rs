@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use crate::attention::{self, Keys, Scratch};
+use crate::attention::{self, Scratch};
 
 /// Rows handed to one rayon task: big enough to amortise scheduling, small enough to
 /// spread a short batch over every thread.
@@ -250,6 +250,7 @@ fn norm_body(out: &mut [f32], gamma_beta: &[f32], eps: f32) {
         *o = *o * inv * g + b;
     }
 }
+
 /// LayerNorm of each `gamma_beta.len() / 2`-wide row in place, then `· gamma + beta`
 /// (`gamma_beta` = [gamma; beta]): a pre-norm layer's input norm (ModernBERT's).
 #[inline(always)]
@@ -356,6 +357,44 @@ pub(crate) enum Mask<'a> {
     Relative(&'a RelativeBias),
 }
 
+/// Which keys a mask lets each query see, as ranges of its row (a relative bias sees the
+/// whole row; its bias is added apart): the packed CPU kernels' blocks and the cards'
+/// per-token key ranges (`varlen::key_ranges`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keys {
+    Row,
+    Window(usize),
+    Causal,
+}
+
+impl Keys {
+    pub(crate) fn of(mask: &Mask) -> Self {
+        match *mask {
+            Mask::Full | Mask::Relative(_) => Keys::Row,
+            Mask::Window(w) => Keys::Window(w),
+            Mask::Causal => Keys::Causal,
+        }
+    }
+
+    /// These keys in a `len`-token row: a window that spans the whole row is no window.
+    pub(crate) fn in_row_of(self, len: usize) -> Self {
+        match self {
+            Keys::Window(w) if w + 1 >= len => Keys::Row,
+            keys => keys,
+        }
+    }
+
+    /// The keys query `i` of a `len`-token row sees, as positions in the row: the row;
+    /// with a window w, max(0, i − w)..min(len, i + w + 1); causal, 0..i + 1.
+    pub(crate) fn range(self, i: usize, len: usize) -> std::ops::Range<usize> {
+        match self {
+            Keys::Row => 0..len,
+            Keys::Window(w) => i.saturating_sub(w)..(i + w + 1).min(len),
+            Keys::Causal => 0..i + 1,
+        }
+    }
+}
+
 /// An additive attention bias that depends only on the head and the relative position
 /// j − i, for rows up to `span` tokens: `table[head · (2·span − 1) + (j − i + span − 1)]`
 /// for the packed kernel, the same table on the batch's device for the varlen route, and
@@ -405,13 +444,11 @@ fn attention_seq(
     let h = nq * d;
     let row = heads.qkv_width() as isize;
     let group = nq / nkv;
-    // A window that spans the whole sequence is no window.
-    let window = match *mask {
-        Mask::Window(w) if w + 1 < len => Some(w),
-        _ => None,
+    let keys = Keys::of(mask).in_row_of(len);
+    let block = match keys {
+        Keys::Window(w) => w.max(16),
+        Keys::Row | Keys::Causal => GLOBAL_BLOCK,
     };
-    let causal = matches!(mask, Mask::Causal);
-    let block = window.map_or(GLOBAL_BLOCK, |w| w.max(16));
     for head in 0..nq {
         let kv = head / group;
         let relative = match *mask {
@@ -423,11 +460,8 @@ fn attention_seq(
         };
         for i0 in (0..len).step_by(block) {
             let i1 = (i0 + block).min(len);
-            let (lo, hi) = match window {
-                Some(w) => (i0.saturating_sub(w), (i1 + w).min(len)),
-                None if causal => (0, i1),
-                None => (0, len),
-            };
+            // The keys any row of the block sees.
+            let (lo, hi) = (keys.range(i0, len).start, keys.range(i1 - 1, len).end);
             let (m, n) = (i1 - i0, hi - lo);
             // Grown, never cleared: gemm overwrites the m × n it uses (it reads no dst).
             if scores.len() < m * n {
@@ -467,11 +501,8 @@ fn attention_seq(
             }
             for (r, s) in scores.chunks_mut(n).enumerate() {
                 let i = i0 + r;
-                let (a, b) = match window {
-                    Some(w) => (i.saturating_sub(w) - lo, (i + w + 1).min(len) - lo),
-                    None if causal => (0, i + 1 - lo),
-                    None => (0, n),
-                };
+                let own = keys.range(i, len);
+                let (a, b) = (own.start - lo, own.end - lo);
                 if let Some((bias, span)) = relative {
                     // Key j = lo + c sits at j − i; the table is indexed from −(span − 1).
                     let first = lo + span - 1 - i;
@@ -919,26 +950,13 @@ impl CustomOp1 for PackedAttention<'_> {
                     return;
                 }
                 let rows = &qkv[start * width..(start + len) * width];
-                let keys = match self.mask {
-                    Mask::Full => Some(Keys::All),
-                    Mask::Causal => Some(Keys::Causal),
-                    // A window that spans the whole sequence is no window.
-                    Mask::Window(w) if w + 1 >= len => Some(Keys::All),
-                    Mask::Window(w) => Some(Keys::Window(w)),
-                    Mask::Relative(_) => None,
-                };
-                match keys {
-                    Some(keys) if self.panels => {
-                        attention::sequence(rows, len, self.heads, keys, block, scratch)
-                    }
-                    _ => attention_seq(
-                        rows,
-                        len,
-                        self.heads,
-                        &self.mask,
-                        block,
-                        &mut scratch.scores,
-                    ),
+                if self.panels && !matches!(self.mask, Mask::Relative(_)) {
+                    let keys = Keys::of(&self.mask).in_row_of(len);
+                    attention::sequence(rows, len, self.heads, keys, block, scratch)
+                } else {
+                    // The relative bias is attention_seq's alone.
+                    let scores = &mut scratch.scores;
+                    attention_seq(rows, len, self.heads, &self.mask, block, scores)
                 }
             });
         // SAFETY: the sequences' blocks cover all n rows (the lens sum to n, checked
@@ -1047,7 +1065,7 @@ pub(crate) fn gated_silu(x: &Tensor) -> Result<Tensor> {
 
 /// `row(x, out)` over every `two_i`-wide row of a gated up-projection, in parallel:
 /// `[N, 2I]` in, `[N, I]` out.
-fn gated_rows(x: &[f32], two_i: usize, row: fn(&[f32], &mut [f32])) -> Vec<f32> {
+pub(crate) fn gated_rows(x: &[f32], two_i: usize, row: fn(&[f32], &mut [f32])) -> Vec<f32> {
     let i = two_i / 2;
     let mut out = vec![0f32; x.len() / 2];
     out.par_chunks_mut(i * ROWS_PER_TASK)

@@ -9,8 +9,8 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::{
     kernel_check::{attention_inputs, masks, max_abs_diff, HEADS, LENS},
-    kernels::{self, CardOps, Heads, Mask},
-    varlen::{dims_per_lane, key_ranges, launch_geometry, row_starts, Keys},
+    kernels::{self, CardOps, Heads, Keys, Mask},
+    varlen::{dims_per_lane, key_ranges, launch_geometry, row_starts},
 };
 
 extern "C" {

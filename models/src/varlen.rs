@@ -15,26 +15,7 @@ use std::cell::OnceCell;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::kernels::{cpu_slice, Heads, Mask};
-
-/// Which keys a mask lets each query see, as far as ranges go (a relative bias sees the
-/// whole row).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Keys {
-    Row,
-    Window(usize),
-    Causal,
-}
-
-impl Keys {
-    pub(crate) fn of(mask: &Mask) -> Self {
-        match *mask {
-            Mask::Full | Mask::Relative(_) => Keys::Row,
-            Mask::Window(w) => Keys::Window(w),
-            Mask::Causal => Keys::Causal,
-        }
-    }
-}
+use crate::kernels::{cpu_slice, Heads, Keys, Mask};
 
 /// For each packed token of rows at `starts` with `lens`, in order, `[lo, hi)`: the packed
 /// indices of the keys it attends to. Token i of a row (packed index s + i) sees the row
@@ -45,13 +26,9 @@ pub(crate) fn key_ranges(starts: &[usize], lens: &[usize], keys: Keys) -> Vec<u3
     let mut out = Vec::with_capacity(2 * n);
     for (&s, &len) in starts.iter().zip(lens) {
         for i in 0..len {
-            let (lo, hi) = match keys {
-                Keys::Row => (0, len),
-                Keys::Window(w) => (i.saturating_sub(w), (i + w + 1).min(len)),
-                Keys::Causal => (0, i + 1),
-            };
-            out.push((s + lo) as u32);
-            out.push((s + hi) as u32);
+            let seen = keys.range(i, len);
+            out.push((s + seen.start) as u32);
+            out.push((s + seen.end) as u32);
         }
     }
     out
