@@ -21,7 +21,6 @@ use rayon::prelude::*;
 
 use crate::{
     dense::{self, Dst, Epilogue, PackedLinear, Panel, RowNorm, NR, ROWS_PER_TASK},
-    feed_forward,
     kernels::{softmax_row, Heads, Keys},
 };
 
@@ -180,20 +179,16 @@ thread_local! {
     static BLOCK_SCRATCH: RefCell<BlockScratch> = RefCell::new(BlockScratch::default());
 }
 
-/// Frees the per-thread buffers of [`block`] and of the `feed_forward` steps on every thread
-/// of the calling thread's rayon pool: an idle engine hands them back before the heap is
-/// trimmed (up to a few MiB a thread for BERT-large's widths). Called off the pool, it
-/// runs on the global one.
-pub(crate) fn release_thread_buffers() {
-    rayon::broadcast(|_| {
-        // Never borrowed here (nothing inside a borrow calls into rayon, where this could
-        // run); were it, the buffer is left for next time rather than the engine panicking.
-        BLOCK_SCRATCH.with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut() {
-                *s = BlockScratch::default();
-            }
-        });
-        feed_forward::release_thread_buffer();
+/// Frees this thread's [`block`] buffers (an idle engine hands them back on every thread
+/// of its pool before the heap is trimmed: up to a few MiB a thread at BERT-large's
+/// widths).
+pub(crate) fn release_thread_buffer() {
+    // Never borrowed here (nothing inside a borrow calls into rayon, where this could
+    // run); were it, the buffer is left for next time rather than the engine panicking.
+    BLOCK_SCRATCH.with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut() {
+            *s = BlockScratch::default();
+        }
     });
 }
 
@@ -365,7 +360,7 @@ mod tests {
             // An idle engine's release frees what the block kept on the pool's thread.
             let held = || rayon::broadcast(|_| BLOCK_SCRATCH.with_borrow(|s| s.qkv.capacity()));
             assert!(held()[0] > 0, "the block kept no buffer to release");
-            release_thread_buffers();
+            rayon::broadcast(|_| release_thread_buffer());
             assert_eq!(held(), vec![0], "the block's buffer outlived the release");
         });
     }

@@ -148,10 +148,15 @@ impl BatchObserver for Observers {
     }
 
     fn idle(&self) {
-        // On a worker of the pool the CPU passes run on (see `Driven::pass`), so that its
-        // threads' kernel buffers are freed before the observer trims the heap.
+        // On every thread of the pool the CPU passes run on (see `Driven::pass`), so that
+        // the fused steps' per-thread buffers are freed before the observer trims the heap.
         if self.cpu {
-            Device::Cpu.with_context(crate::attention::release_thread_buffers);
+            Device::Cpu.with_context(|| {
+                rayon::broadcast(|_| {
+                    crate::attention::release_thread_buffer();
+                    crate::feed_forward::release_thread_buffer();
+                })
+            });
         }
         if let Some(o) = &self.extra {
             o.idle();

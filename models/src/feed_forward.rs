@@ -59,7 +59,7 @@ fn at_least(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
 /// Frees this thread's feed-forward buffers (an idle engine hands them back).
 pub(crate) fn release_thread_buffer() {
     // Left for next time, not a panic, were it ever borrowed here (see
-    // `attention::release_thread_buffers`).
+    // `attention::release_thread_buffer`).
     INTERMEDIATE.with(|s| {
         if let Ok(mut s) = s.try_borrow_mut() {
             *s = Scratch::default();
