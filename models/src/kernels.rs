@@ -236,15 +236,7 @@ fn norm_body(out: &mut [f32], gamma_beta: &[f32], eps: f32) {
     for o in out.iter_mut() {
         *o -= mean;
     }
-    let mut sq = [0f32; 8];
-    let chunks = out.chunks_exact(8);
-    let tail: f32 = chunks.remainder().iter().map(|d| d * d).sum();
-    for c in chunks {
-        for k in 0..8 {
-            sq[k] += c[k] * c[k];
-        }
-    }
-    let var = sq.iter().sum::<f32>() + tail;
+    let var = sum_sq8(out);
     let inv = 1.0 / (var / h as f32 + eps).sqrt();
     for ((o, &g), &b) in out.iter_mut().zip(gamma).zip(beta) {
         *o = *o * inv * g + b;
@@ -261,20 +253,13 @@ fn layer_norm_rows_body(rows: &mut [f32], gamma_beta: &[f32], eps: f32) {
 }
 
 /// RMSNorm of each `weight.len()`-wide row in place: x / √(mean(x²) + eps) · w, as
-/// candle's `rms_norm` (Qwen3's layer norms), its sum of squares in eight lanes.
+/// candle's `rms_norm` (Qwen3's layer norms), its sum of squares in eight lanes
+/// ([`sum_sq8`]).
 #[inline(always)]
 fn rms_norm_rows_body(rows: &mut [f32], weight: &[f32], eps: f32) {
     let h = weight.len();
     for row in rows.chunks_exact_mut(h) {
-        let mut sq = [0f32; 8];
-        let chunks = row.chunks_exact(8);
-        let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
-        for c in chunks {
-            for k in 0..8 {
-                sq[k] += c[k] * c[k];
-            }
-        }
-        let m = ((sq.iter().sum::<f32>() + tail) / h as f32 + eps).sqrt();
+        let m = (sum_sq8(row) / h as f32 + eps).sqrt();
         for (v, &w) in row.iter_mut().zip(weight) {
             *v = *v / m * w;
         }
@@ -553,6 +538,20 @@ fn sum8(x: &[f32]) -> f32 {
     for c in chunks {
         for k in 0..8 {
             acc[k] += c[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Sum of squares with eight independent accumulators, as [`sum8`] (the norms' variance).
+#[inline(always)]
+fn sum_sq8(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for c in chunks {
+        for k in 0..8 {
+            acc[k] += c[k] * c[k];
         }
     }
     acc.iter().sum::<f32>() + tail
