@@ -371,8 +371,10 @@ impl Bert {
                 up_bias: &l.inter_bias,
                 act: self.act,
                 down: &l.out,
+                norm: &l.out_norm,
+                eps: self.eps,
             };
-            x = ffn.forward_add_norm(&x, &l.out_norm, self.eps, ops)?;
+            x = ffn.forward(&x, ops)?;
         }
         Ok(batch.into_packed(x))
     }

@@ -58,7 +58,7 @@ impl Weight {
     /// `x · w + bias`; on the CPU the bias is added as the kernel stores each output.
     pub(crate) fn matmul_bias(&self, x: &Tensor, bias: &Tensor) -> Result<Tensor, ModelError> {
         if self.own_kernel() {
-            return self.product(x, Epilogue::Bias(&bias.to_vec1::<f32>()?));
+            return with_bias(bias, |b| self.product(x, Epilogue::Bias(b)));
         }
         Ok(self.matmul(x)?.broadcast_add(bias)?)
     }
@@ -73,7 +73,7 @@ impl Weight {
         ops: CardOps,
     ) -> Result<Tensor, ModelError> {
         if act == Act::Gelu && self.own_kernel() {
-            return self.product(x, Epilogue::BiasGelu(&bias.to_vec1::<f32>()?));
+            return with_bias(bias, |b| self.product(x, Epilogue::BiasGelu(b)));
         }
         Ok(act.with_bias(&self.matmul(x)?, bias, ops)?)
     }
@@ -207,14 +207,12 @@ impl AttentionBlock<'_> {
             (self.qkv, self.out, batch.route(), &mask)
         {
             if kernels::cpu_f32(x) && kernels::cpu_f32(self.norm) {
-                let w = BlockWeights {
-                    qkv,
-                    qkv_bias: &self.qkv_bias.to_vec1::<f32>()?,
-                    out,
-                };
-                // `x` is the input and the residual: the output has its shape.
-                let fused = with_row_norm(x, self.norm, self.eps, |norm| {
-                    attention::block(w, norm.residual, batch.lens(), heads, norm)
+                let fused = with_bias(self.qkv_bias, |qkv_bias| {
+                    let w = BlockWeights { qkv, qkv_bias, out };
+                    // `x` is the input and the residual: the output has its shape.
+                    with_row_norm(x, self.norm, self.eps, |norm| {
+                        attention::block(w, norm.residual, batch.lens(), heads, norm)
+                    })
                 })?;
                 if let Some(y) = fused {
                     return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
@@ -228,34 +226,32 @@ impl AttentionBlock<'_> {
 }
 
 /// A feed-forward and the add-norm after it: `act(x · up + up_bias) · down`, then
-/// [`kernels::add_norm`] with the residual (BERT's intermediate and output layers).
+/// [`kernels::add_norm`] with the residual, `norm` = [bias; gamma; beta] (BERT's
+/// intermediate and output layers).
 pub(crate) struct FeedForward<'a> {
     pub(crate) up: &'a Weight,
     pub(crate) up_bias: &'a Tensor,
     pub(crate) act: Act,
     pub(crate) down: &'a Weight,
+    pub(crate) norm: &'a Tensor,
+    pub(crate) eps: f32,
 }
 
 impl FeedForward<'_> {
-    /// LayerNorm(act(x · up + up_bias) · down + bias + x), `params` = [bias; gamma; beta]:
-    /// the residual is the input, as in BERT. Packed f32 with the exact GELU on the CPU
-    /// carries each task's rows through both layers ([`feed_forward::feed_forward`]); anything
-    /// else runs the ops in turn.
-    pub(crate) fn forward_add_norm(
-        &self,
-        x: &Tensor,
-        params: &Tensor,
-        eps: f32,
-        ops: CardOps,
-    ) -> Result<Tensor, ModelError> {
+    /// LayerNorm(act(x · up + up_bias) · down + bias + x): the residual is the input, as
+    /// in BERT. Packed f32 with the exact GELU on the CPU carries each task's rows through
+    /// both layers ([`feed_forward::feed_forward`]); anything else runs the ops in turn.
+    pub(crate) fn forward(&self, x: &Tensor, ops: CardOps) -> Result<Tensor, ModelError> {
+        let (params, eps) = (self.norm, self.eps);
         if let (Weight::Dense(up), Weight::Dense(down), Act::Gelu) = (self.up, self.down, self.act)
         {
             if kernels::cpu_f32(x) && kernels::cpu_f32(params) {
-                let bias = self.up_bias.to_vec1::<f32>()?;
                 // `x` is read once, as the input and as the residual.
-                let y = with_row_norm(x, params, eps, |norm| {
-                    let (rows, m) = (norm.residual, norm.residual.len() / up.in_features());
-                    feed_forward::feed_forward(up, &bias, down, rows, m, norm)
+                let y = with_bias(self.up_bias, |bias| {
+                    with_row_norm(x, params, eps, |norm| {
+                        let (rows, m) = (norm.residual, norm.residual.len() / up.in_features());
+                        feed_forward::feed_forward(up, bias, down, rows, m, norm)
+                    })
                 })?;
                 return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
             }
@@ -280,13 +276,23 @@ impl NormRef<'_> {
         }
     }
 
-    /// Its weights as one CPU f32 vector: [gamma; beta] for LayerNorm, the weight for
-    /// RMSNorm (what [`PreNorm`] reads).
-    fn cpu_params(self) -> Result<Vec<f32>, ModelError> {
-        Ok(match self {
-            NormRef::Layer(n) => [n.gamma.to_vec1::<f32>()?, n.beta.to_vec1::<f32>()?].concat(),
-            NormRef::Rms(n) => n.weight.to_vec1::<f32>()?,
-        })
+    /// `f` with its weights as the CPU kernels take them ([`PreNorm`]), read in place:
+    /// [gamma; beta] for LayerNorm, the weight for RMSNorm.
+    fn with_cpu_params<R>(
+        self,
+        f: impl FnOnce(PreNorm) -> Result<R, ModelError>,
+    ) -> Result<R, ModelError> {
+        let t = match self {
+            NormRef::Layer(n) => &n.gamma_beta,
+            NormRef::Rms(n) => &n.weight,
+        };
+        // `f`'s result rides inside the slice's: the outer `?` takes the slice's error.
+        kernels::with_cpu_f32(t, "norm weights", |p| {
+            Ok(f(match self {
+                NormRef::Layer(_) => PreNorm::Layer(p),
+                NormRef::Rms(_) => PreNorm::Rms(p),
+            }))
+        })?
     }
 }
 
@@ -294,6 +300,7 @@ impl NormRef<'_> {
 /// (ModernBERT's MLP, Qwen3's).
 pub(crate) struct GatedFeedForward<'a> {
     pub(crate) norm: NormRef<'a>,
+    pub(crate) eps: f32,
     pub(crate) up: &'a Linear,
     pub(crate) act: Act,
     pub(crate) down: &'a Linear,
@@ -303,12 +310,8 @@ impl GatedFeedForward<'_> {
     /// `x + down(act.gated(up(norm(x))))`. Packed f32 on the CPU without biases, gated
     /// by GELU or SiLU, runs [`feed_forward::gated_feed_forward`] (each task's rows
     /// through all of it); anything else runs the ops in turn.
-    pub(crate) fn forward_residual(
-        &self,
-        x: &Tensor,
-        eps: f32,
-        ops: CardOps,
-    ) -> Result<Tensor, ModelError> {
+    pub(crate) fn forward(&self, x: &Tensor, ops: CardOps) -> Result<Tensor, ModelError> {
+        let eps = self.eps;
         if let (Weight::Dense(up), Weight::Dense(down), None, None, Some(gate)) = (
             &self.up.w,
             &self.down.w,
@@ -317,16 +320,13 @@ impl GatedFeedForward<'_> {
             self.act.gated_row(),
         ) {
             if kernels::cpu_f32(x) {
-                let params = self.norm.cpu_params()?;
-                let norm = match self.norm {
-                    NormRef::Layer(_) => PreNorm::Layer(&params),
-                    NormRef::Rms(_) => PreNorm::Rms(&params),
-                };
                 let m = x.elem_count() / up.in_features();
-                let y = kernels::with_cpu_f32(x, "feed-forward input", |x| {
-                    Ok(feed_forward::gated_feed_forward(
-                        norm, eps, up, gate, down, x, m,
-                    ))
+                let y = self.norm.with_cpu_params(|norm| {
+                    Ok(kernels::with_cpu_f32(x, "feed-forward input", |x| {
+                        Ok(feed_forward::gated_feed_forward(
+                            norm, eps, up, gate, down, x, m,
+                        ))
+                    })?)
                 })?;
                 return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
             }
@@ -358,6 +358,15 @@ fn with_row_norm<R>(
             })
         },
     )?)
+}
+
+/// `f` with a CPU f32 bias read in place (the fused CPU paths take it as a slice).
+fn with_bias<R>(
+    bias: &Tensor,
+    f: impl FnOnce(&[f32]) -> Result<R, ModelError>,
+) -> Result<R, ModelError> {
+    // `f`'s result rides inside the slice's: the outer `?` takes the slice's error.
+    kernels::with_cpu_f32(bias, "bias", |b| Ok(f(b)))?
 }
 
 /// A CPU kernel's product on the f32 tensor `x` (any leading dimensions), read in place:
@@ -423,6 +432,9 @@ pub(crate) struct Norm {
     gamma: Tensor,
     /// Zeros when the checkpoint has no bias, so one candle op serves both.
     beta: Tensor,
+    /// [gamma; beta] as one vector, made once at load: what the CPU kernels read
+    /// ([`PreNorm::Layer`]). Two rows' worth of floats.
+    gamma_beta: Tensor,
 }
 
 impl Norm {
@@ -433,7 +445,12 @@ impl Norm {
         } else {
             gamma.zeros_like()?
         };
-        Ok(Self { gamma, beta })
+        let gamma_beta = Tensor::cat(&[&gamma, &beta], 0)?;
+        Ok(Self {
+            gamma,
+            beta,
+            gamma_beta,
+        })
     }
 
     pub(crate) fn forward(&self, x: &Tensor, eps: f32) -> Result<Tensor, ModelError> {

@@ -252,11 +252,12 @@ impl ModernBert {
             x = (x + l.attn_out.forward(&ctx)?)?;
             x = GatedFeedForward {
                 norm: NormRef::Layer(&l.mlp_norm),
+                eps: self.eps,
                 up: &l.wi,
                 act: self.act,
                 down: &l.wo,
             }
-            .forward_residual(&x, self.eps, self.routing.card_ops())?;
+            .forward(&x, self.routing.card_ops())?;
         }
         let x = self.final_norm.forward(&x, self.eps)?;
         Ok(batch.into_packed(x))

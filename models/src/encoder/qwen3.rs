@@ -194,11 +194,12 @@ impl Qwen3 {
             x = (x + l.o.forward(&ctx)?)?;
             x = GatedFeedForward {
                 norm: NormRef::Rms(&l.post_norm),
+                eps: self.eps,
                 up: &l.gate_up,
                 act: self.act,
                 down: &l.down,
             }
-            .forward_residual(&x, self.eps, self.routing.card_ops())?;
+            .forward(&x, self.routing.card_ops())?;
         }
         let x = self.norm.forward(&x, self.eps)?;
         Ok(batch.into_packed(x))
