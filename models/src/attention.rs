@@ -11,9 +11,10 @@
 //! query heads of its group (grouped-query attention) and by every block, so causal blocks
 //! can be small and score only the keys up to their last row.
 //!
-//! [`block`] runs BERT's whole attention block (QKV product, attention, output product,
-//! add-norm) per task of whole sequences on one thread, so the intermediate rows stay in
-//! that core's cache.
+//! [`block`] runs a whole attention block per task of whole sequences on one thread, so
+//! the intermediate rows stay in that core's cache: BERT's (QKV product, attention, output
+//! product, add-norm) and the pre-norm families' (norm, QKV product, RoPE, attention,
+//! output product, residual: ModernBERT's).
 
 use std::{cell::RefCell, mem::MaybeUninit};
 
@@ -21,7 +22,8 @@ use rayon::prelude::*;
 
 use crate::{
     dense::{self, Dst, Epilogue, PackedLinear, Panel, RowNorm, NR, ROWS_PER_TASK},
-    kernels::{softmax_row, Heads, Keys},
+    feed_forward::PreNorm,
+    kernels::{add_into, rope_row, softmax_row, Heads, Keys},
 };
 
 /// Query rows per block: four of the dense kernel's 12-row AVX-512 tiles (eight AVX2
@@ -157,19 +159,39 @@ pub(crate) fn sequence(
     }
 }
 
-/// The weights of BERT's attention block, packed for the dense kernel: the QKV projection
-/// (Q's columns pre-scaled by 1/√d) with its bias, and the output projection.
+/// The weights of an attention block, packed for the dense kernel: the QKV projection
+/// (Q's columns pre-scaled by 1/√d) and the output projection, each with its bias if it
+/// has one (BERT's output bias is in its add-norm's params instead).
 #[derive(Clone, Copy)]
 pub(crate) struct BlockWeights<'a> {
     pub(crate) qkv: &'a PackedLinear,
-    pub(crate) qkv_bias: &'a [f32],
+    pub(crate) qkv_bias: Option<&'a [f32]>,
     pub(crate) out: &'a PackedLinear,
+    pub(crate) out_bias: Option<&'a [f32]>,
 }
 
-/// What one thread reuses from task to task in [`block`]: its rows' QKV, their context,
-/// and the attention's own scratch.
+/// What a [`block`] does around its attention.
+#[derive(Clone, Copy)]
+pub(crate) enum Around<'a> {
+    /// BERT's post-norm: `norm.apply` (add-norm with the residual, which is the block's
+    /// input) after the output product.
+    PostNorm(RowNorm<'a>),
+    /// A pre-norm layer's (ModernBERT's): the input through `norm` (none in ModernBERT's
+    /// first layer) before the QKV product, Q and K rotated by each token's angles (`cos`
+    /// and `sin`, `[rows, d/2]`, as `kernels::rope`), and the input added back after the
+    /// output product.
+    PreNorm {
+        norm: Option<(PreNorm<'a>, f32)>,
+        cos: &'a [f32],
+        sin: &'a [f32],
+    },
+}
+
+/// What one thread reuses from task to task in [`block`]: its rows normalized (pre-norm
+/// only), their QKV, their context, and the attention's own scratch.
 #[derive(Default)]
 struct BlockScratch {
+    normed: Vec<f32>,
     qkv: Vec<f32>,
     ctx: Vec<f32>,
     attention: Scratch,
@@ -192,23 +214,26 @@ pub(crate) fn release_thread_buffer() {
     });
 }
 
-/// BERT's attention block over packed rows with every key seen:
-/// `norm(attention(x · qkv + qkv_bias) · out)` for `x` the `[Σ lens, k]` rows of
-/// sequences of `lens` tokens in turn. Each task takes whole sequences, [`ROWS_PER_TASK`]
-/// rows or more (the last task what is left), through all three steps on one thread,
-/// their QKV (a 256-token passage's: 1.1 MiB at MiniLM's widths) and context in the
-/// thread's buffers, so its core's L2 (inferred from the sizes), rather than out to
-/// `[N, 3H]` and `[N, H]` tensors (36 and 12 MiB for 32 such passages) and back. Measured:
-/// +3.8% on long passages, +2.8% on short sentences (benches/RESULTS.md). The same kernels
-/// in the same order as the three steps apart, so the same bits. None where the batch
-/// makes too few tasks to keep every core busy: the caller runs the steps apart, whose
-/// products also split columns across tasks.
+/// An attention block over packed rows, each query seeing `keys` of its row: for `x` the
+/// `[Σ lens, k]` rows of sequences of `lens` tokens in turn, BERT's
+/// `norm(attention(x · qkv + qkv_bias) · out)` or a pre-norm layer's
+/// `x + attention(rope(norm(x) · qkv)) · out` (see [`Around`]). Each task takes whole
+/// sequences, [`ROWS_PER_TASK`] rows or more (the last task what is left), through every
+/// step on one thread, their QKV (a 256-token passage's: 1.1 MiB at MiniLM's widths) and
+/// context in the thread's buffers, so its core's L2 (inferred from the sizes), rather
+/// than out to `[N, 3H]` and `[N, H]` tensors (36 and 12 MiB for 32 such passages) and
+/// back. Measured for BERT: +3.8% on long passages, +2.8% on short sentences
+/// (benches/RESULTS.md). The same kernels in the same order as the steps apart, so the
+/// same bits (the pre-norm's LayerNorm is `kernels::layer_norm_rows`, as in the gated
+/// feed-forward). None where the batch makes too few tasks to keep every core busy: the
+/// caller runs the steps apart, whose products also split columns across tasks.
 pub(crate) fn block(
     w: BlockWeights,
     x: &[f32],
     lens: &[usize],
     heads: Heads,
-    norm: RowNorm,
+    keys: Keys,
+    around: Around,
 ) -> Option<Vec<f32>> {
     let (k, width, h, n) = (
         w.qkv.in_features(),
@@ -218,15 +243,45 @@ pub(crate) fn block(
     );
     let m: usize = lens.iter().sum();
     assert_eq!(w.qkv.out_features(), width, "QKV is not [{k}, {width}]");
-    assert_eq!(w.qkv_bias.len(), width, "QKV bias is not [{width}]");
+    assert!(
+        w.qkv_bias.is_none_or(|b| b.len() == width),
+        "QKV bias is not [{width}]"
+    );
     assert_eq!(
         w.out.in_features(),
         h,
         "the output projection is not [{h}, {n}]"
     );
+    assert!(
+        w.out_bias.is_none_or(|b| b.len() == n),
+        "output bias is not [{n}]"
+    );
     assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
-    assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
-    assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
+    let half = heads.d / 2;
+    match around {
+        Around::PostNorm(norm) => {
+            assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
+            assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
+        }
+        Around::PreNorm { norm, cos, sin } => {
+            assert_eq!(n, k, "a pre-norm block's residual is its input: [{m}, {k}]");
+            assert!(
+                norm.is_none_or(|(p, _)| p.width() == k),
+                "norm is not [{k}]"
+            );
+            assert!(
+                heads.d.is_multiple_of(2),
+                "RoPE on heads of odd width {}",
+                heads.d
+            );
+            assert_eq!(cos.len(), m * half, "cos is not [{m}, {half}]");
+            assert_eq!(sin.len(), m * half, "sin is not [{m}, {half}]");
+        }
+    }
+    let (qkv_epi, out_epi) = (
+        w.qkv_bias.map_or(Epilogue::None, Epilogue::Bias),
+        w.out_bias.map_or(Epilogue::None, Epilogue::Bias),
+    );
     // (first sequence, first row, sequences, rows) of each task.
     let mut tasks = Vec::new();
     let (mut seq, mut row) = (0, 0);
@@ -247,6 +302,7 @@ pub(crate) fn block(
     tasks.into_par_iter().for_each(|(s0, r0, seqs, rows)| {
         BLOCK_SCRATCH.with_borrow_mut(|scratch| {
             let BlockScratch {
+                normed,
                 qkv,
                 ctx,
                 attention,
@@ -257,14 +313,33 @@ pub(crate) fn block(
             if ctx.len() < rows * h {
                 ctx.resize(rows * h, 0.0);
             }
+            let mut input = &x[r0 * k..(r0 + rows) * k];
+            if let Around::PreNorm {
+                norm: Some((norm, eps)),
+                ..
+            } = around
+            {
+                normed.clear();
+                normed.extend_from_slice(input);
+                norm.apply(normed, eps);
+                input = normed;
+            }
             // SAFETY: `runs_here` holds (the weights are packed). The task reads its own
-            // rows of `x` and writes its rows of the thread's `qkv` (which holds them);
-            // nothing here calls into rayon, so no other task runs on this thread while
-            // the scratch is borrowed.
+            // rows of the input and writes its rows of the thread's `qkv` (which holds
+            // them); nothing here calls into rayon, so no other task runs on this thread
+            // while the scratch is borrowed.
             unsafe {
-                let x = x.as_ptr().add(r0 * k);
-                let bias = Epilogue::Bias(w.qkv_bias);
-                w.qkv.rows_into(x, k, rows, qkv.as_mut_ptr(), width, bias);
+                let x = input.as_ptr();
+                w.qkv
+                    .rows_into(x, k, rows, qkv.as_mut_ptr(), width, qkv_epi);
+            }
+            if let Around::PreNorm { cos, sin, .. } = around {
+                let angles = cos[r0 * half..]
+                    .chunks(half)
+                    .zip(sin[r0 * half..].chunks(half));
+                for (row, (c, s)) in qkv[..rows * width].chunks_exact_mut(width).zip(angles) {
+                    rope_row(row, c, s, heads);
+                }
             }
             let mut at = 0;
             for &len in &lens[s0..s0 + seqs] {
@@ -274,18 +349,26 @@ pub(crate) fn block(
                 // which `sequence` writes only floats.
                 let rows_ctx = unsafe { &mut *(rows_ctx as *mut [f32] as *mut [MaybeUninit<f32>]) };
                 if len > 0 {
-                    sequence(rows_qkv, len, heads, Keys::Row, rows_ctx, attention);
+                    let keys = keys.in_row_of(len);
+                    sequence(rows_qkv, len, heads, keys, rows_ctx, attention);
                 }
                 at += len;
             }
             // SAFETY: as above; the task writes only its own rows of `y` (m × n).
             unsafe {
                 w.out
-                    .rows_into(ctx.as_ptr(), h, rows, out.at(r0 * n), n, Epilogue::None)
+                    .rows_into(ctx.as_ptr(), h, rows, out.at(r0 * n), n, out_epi)
             };
         });
-        // SAFETY: this task's rows, every output of which it has just stored.
-        unsafe { norm.apply_to(out, n, r0..r0 + rows) };
+        match around {
+            // SAFETY: this task's rows, every output of which it has just stored.
+            Around::PostNorm(norm) => unsafe { norm.apply_to(out, n, r0..r0 + rows) },
+            Around::PreNorm { .. } => {
+                // SAFETY: as above; the task owns these rows of `y` whole.
+                let own = unsafe { std::slice::from_raw_parts_mut(out.at(r0 * n), rows * n) };
+                add_into(own, &x[r0 * n..(r0 + rows) * n]);
+            }
+        }
     });
     // SAFETY: the tasks cover every row, and each stores every column of its rows.
     unsafe { y.set_len(m * n) };
@@ -328,8 +411,9 @@ mod tests {
             let (qkv, out, qkv_bias, params) = weights(&mut seed);
             let w = BlockWeights {
                 qkv: &qkv,
-                qkv_bias: &qkv_bias,
+                qkv_bias: Some(&qkv_bias),
                 out: &out,
+                out_bias: None,
             };
             assert!(block_on(w, &[5, 7], heads, &params, &mut seed).is_none());
             let lens = [100, 3, 250, 0, 40, 97];
@@ -354,7 +438,8 @@ mod tests {
             let want = out.forward_norm(&ctx, m, norm);
             // Poison what the output may reuse, so a value left unwritten fails.
             drop(std::hint::black_box(vec![f32::NAN; m * hidden]));
-            let got = block(w, &x, &lens, heads, norm).expect("three tasks on one thread");
+            let got = block(w, &x, &lens, heads, Keys::Row, Around::PostNorm(norm))
+                .expect("three tasks on one thread");
             let same = same_bits(&got, &want);
             assert!(same, "the block's bits differ from the steps'");
             // An idle engine's release frees what the block kept on the pool's thread.
@@ -362,6 +447,74 @@ mod tests {
             assert!(held()[0] > 0, "the block kept no buffer to release");
             rayon::broadcast(|_| release_thread_buffer());
             assert_eq!(held(), vec![0], "the block's buffer outlived the release");
+        });
+    }
+
+    /// The pre-norm block (ModernBERT's) carried through per task gives its steps' bits:
+    /// the LayerNorm, QKV with its bias, RoPE at each token's angles, each sequence's
+    /// attention under a window of 5 and with every key, the output projection with its
+    /// bias, the residual. With and without the norm (ModernBERT's first layer has none).
+    #[test]
+    fn the_pre_norm_block_gives_the_steps_bits() {
+        if !runs_here() {
+            eprintln!("no AVX2 on this CPU: panel attention does not run here");
+            return;
+        }
+        pool(1).install(|| {
+            let mut seed = 11;
+            let (hidden, heads) = (64, HEADS);
+            let (width, half) = (heads.qkv_width(), heads.d / 2);
+            let (qkv, out, qkv_bias, _) = weights(&mut seed);
+            let out_bias = values(hidden, &mut seed);
+            let gamma_beta = values(2 * hidden, &mut seed);
+            let w = BlockWeights {
+                qkv: &qkv,
+                qkv_bias: Some(&qkv_bias),
+                out: &out,
+                out_bias: Some(&out_bias),
+            };
+            let lens = [100, 3, 250, 0, 40, 97];
+            let m: usize = lens.iter().sum();
+            let x = values(m * hidden, &mut seed);
+            let cos = values(m * half, &mut seed);
+            let sin = values(m * half, &mut seed);
+            for norm in [Some((PreNorm::Layer(&gamma_beta), 1e-5)), None] {
+                for keys in [Keys::Window(5), Keys::Row] {
+                    let mut normed = x.clone();
+                    if let Some((n, eps)) = norm {
+                        n.apply(&mut normed, eps);
+                    }
+                    let mut mixed = qkv.forward(&normed, m, Epilogue::Bias(&qkv_bias));
+                    let angles = cos.chunks(half).zip(sin.chunks(half));
+                    for (row, (c, s)) in mixed.chunks_exact_mut(width).zip(angles) {
+                        rope_row(row, c, s, heads);
+                    }
+                    let mut ctx = vec![0f32; m * hidden];
+                    let (mut at, mut scratch) = (0, Scratch::default());
+                    for len in lens {
+                        let rows = &mixed[at * width..(at + len) * width];
+                        let c = &mut ctx[at * hidden..(at + len) * hidden];
+                        // SAFETY: floats viewed as maybe-uninitialized ones, written as
+                        // floats.
+                        let c = unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) };
+                        if len > 0 {
+                            sequence(rows, len, heads, keys.in_row_of(len), c, &mut scratch);
+                        }
+                        at += len;
+                    }
+                    let mut want = out.forward(&ctx, m, Epilogue::Bias(&out_bias));
+                    add_into(&mut want, &x);
+                    drop(std::hint::black_box(vec![f32::NAN; m * hidden]));
+                    let around = Around::PreNorm {
+                        norm,
+                        cos: &cos,
+                        sin: &sin,
+                    };
+                    let got = block(w, &x, &lens, heads, keys, around).expect("three tasks");
+                    let same = same_bits(&got, &want);
+                    assert!(same, "{keys:?}, norm {}: bits differ", norm.is_some());
+                }
+            }
         });
     }
 
@@ -377,8 +530,9 @@ mod tests {
         let (qkv, out, qkv_bias, params) = weights(&mut seed);
         let w = BlockWeights {
             qkv: &qkv,
-            qkv_bias: &qkv_bias,
+            qkv_bias: Some(&qkv_bias),
             out: &out,
+            out_bias: None,
         };
         let lens: Vec<usize> = (0..12).map(|i| 96 + 7 * i).collect();
         let x = values(lens.iter().sum::<usize>() * hidden, &mut seed);
@@ -389,7 +543,7 @@ mod tests {
         };
         let on = |threads: usize| {
             pool(threads)
-                .install(|| block(w, &x, &lens, heads, norm))
+                .install(|| block(w, &x, &lens, heads, Keys::Row, Around::PostNorm(norm)))
                 .expect("enough tasks for the pool")
         };
         let (one, four) = (on(1), on(4));
@@ -411,6 +565,6 @@ mod tests {
             params,
             eps: 1e-12,
         };
-        block(w, &x, lens, heads, norm)
+        block(w, &x, lens, heads, Keys::Row, Around::PostNorm(norm))
     }
 }

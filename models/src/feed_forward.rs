@@ -136,7 +136,7 @@ pub(crate) enum PreNorm<'a> {
 
 impl PreNorm<'_> {
     /// The width of the rows it normalizes.
-    fn width(self) -> usize {
+    pub(crate) fn width(self) -> usize {
         match self {
             PreNorm::Layer(gamma_beta) => gamma_beta.len() / 2,
             PreNorm::Rms(w) => w.len(),
@@ -144,7 +144,7 @@ impl PreNorm<'_> {
     }
 
     /// Normalizes whole rows in place.
-    fn apply(self, rows: &mut [f32], eps: f32) {
+    pub(crate) fn apply(self, rows: &mut [f32], eps: f32) {
         match self {
             PreNorm::Layer(gamma_beta) => layer_norm_rows(rows, gamma_beta, eps),
             PreNorm::Rms(w) => rms_norm_rows(rows, w, eps),

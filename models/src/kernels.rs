@@ -173,7 +173,7 @@ fn rope_body(row: &mut [f32], cos: &[f32], sin: &[f32], heads: Heads) {
         rotate_half(head, cos, sin);
     }
 }
-dispatch!(rope_row, rope_body, (row: &mut [f32], cos: &[f32], sin: &[f32], heads: Heads));
+dispatch!(pub(crate) rope_row, rope_body, (row: &mut [f32], cos: &[f32], sin: &[f32], heads: Heads));
 
 /// One token's `[Q | K | V]` row in place: each Q head RMS-normalized with `qw`, each K
 /// head with `kw` (as candle's `rms_norm`: x / √(mean(x²) + eps) · w), then both rotated

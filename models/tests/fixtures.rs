@@ -62,11 +62,13 @@ fn minilm_matches_sentence_transformers_through_the_fused_steps() {
 }
 
 /// The pre-norm families' gated feed-forward fused per task of rows (ModernBERT's
-/// LayerNorm and GELU, Qwen3's RMSNorm and SiLU), which like BERT's serves a batch only
-/// where it gives every thread two tasks: on one thread these fixtures' texts, in one
-/// batch, make more than two.
+/// LayerNorm and GELU, Qwen3's RMSNorm and SiLU), and ModernBERT's attention block
+/// (norm, QKV, RoPE, windowed or global attention, output, residual), which like BERT's
+/// serve a batch only where it gives every thread two tasks: on one thread these
+/// fixtures' texts, in one batch, make more than two. (Skipping the block's RoPE fails
+/// this test.)
 #[test]
-fn pre_norm_families_match_through_the_fused_feed_forward() {
+fn pre_norm_families_match_through_the_fused_steps() {
     for name in ["tiny-modernbert-mean", "tiny-qwen3-last"] {
         let (r, model) = embedder_and_reference(&own_fixture(name), candle_core::DType::F32);
         let texts = texts(&r);

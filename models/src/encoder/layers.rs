@@ -7,13 +7,14 @@ use candle_nn::VarBuilder;
 use super::{
     act::Act,
     batch::{Batch, Route},
+    rope::rotate,
 };
 use crate::{
-    attention::{self, BlockWeights},
+    attention::{self, Around, BlockWeights},
     dense::{self, Epilogue, PackedLinear, RowNorm},
     feed_forward::{self, PreNorm},
     int8::QuantLinear,
-    kernels::{self, CardOps, Heads, Mask},
+    kernels::{self, CardOps, Heads, Keys, Mask},
     ModelError,
 };
 
@@ -208,10 +209,16 @@ impl AttentionBlock<'_> {
         {
             if kernels::cpu_f32(x) && kernels::cpu_f32(self.norm) {
                 let fused = with_bias(self.qkv_bias, |qkv_bias| {
-                    let w = BlockWeights { qkv, qkv_bias, out };
+                    let w = BlockWeights {
+                        qkv,
+                        qkv_bias: Some(qkv_bias),
+                        out,
+                        out_bias: None,
+                    };
                     // `x` is the input and the residual: the output has its shape.
                     with_row_norm(x, self.norm, self.eps, |norm| {
-                        attention::block(w, norm.residual, batch.lens(), heads, norm)
+                        let around = Around::PostNorm(norm);
+                        attention::block(w, norm.residual, batch.lens(), heads, Keys::Row, around)
                     })
                 })?;
                 if let Some(y) = fused {
@@ -222,6 +229,90 @@ impl AttentionBlock<'_> {
         let qkv = self.qkv.matmul_bias(x, self.qkv_bias)?;
         let ctx = batch.attend(&qkv, heads, mask)?;
         self.out.matmul_add_norm(&ctx, x, self.norm, self.eps, ops)
+    }
+}
+
+/// A pre-norm layer's attention block and its residual (ModernBERT's):
+/// `x + out(attention(rope(qkv(norm(x)))))`, `norm` none in ModernBERT's first layer.
+pub(crate) struct PreNormAttention<'a> {
+    pub(crate) norm: Option<&'a Norm>,
+    pub(crate) eps: f32,
+    pub(crate) qkv: &'a Linear,
+    pub(crate) out: &'a Linear,
+}
+
+impl PreNormAttention<'_> {
+    /// Over `batch`'s rows, Q and K rotated by each token's `cos` and `sin` (`[N, 1,
+    /// d/2]`, `Rope::at`). Packed f32 on the CPU carries each task's sequences through
+    /// all of it on one thread ([`attention::block`]), where the batch has the tasks for
+    /// it; anything else runs the steps in turn.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        batch: &Batch,
+        heads: Heads,
+        mask: Mask,
+        (cos, sin): (&Tensor, &Tensor),
+    ) -> Result<Tensor, ModelError> {
+        if let (Weight::Dense(qkv), Weight::Dense(out), Route::Packed, false) = (
+            &self.qkv.w,
+            &self.out.w,
+            batch.route(),
+            matches!(mask, Mask::Relative(_)),
+        ) {
+            if [x, cos, sin].into_iter().all(kernels::cpu_f32) {
+                if let Some(y) =
+                    self.fused(x, batch, heads, Keys::of(&mask), (qkv, out), (cos, sin))?
+                {
+                    return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
+                }
+            }
+        }
+        let normed = match self.norm {
+            Some(norm) => norm.forward(x, self.eps)?,
+            None => x.clone(),
+        };
+        let qkv = rotate(&self.qkv.forward(&normed)?, cos, sin, heads)?;
+        let ctx = batch.attend(&qkv, heads, mask)?;
+        Ok((x + self.out.forward(&ctx)?)?)
+    }
+
+    /// [`attention::block`] with every operand read in place; None where it declines.
+    fn fused(
+        &self,
+        x: &Tensor,
+        batch: &Batch,
+        heads: Heads,
+        keys: Keys,
+        (qkv, out): (&PackedLinear, &PackedLinear),
+        (cos, sin): (&Tensor, &Tensor),
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        let norm = self.norm.map(NormRef::Layer);
+        with_optional_bias(self.qkv.b.as_ref(), |qkv_bias| {
+            with_optional_bias(self.out.b.as_ref(), |out_bias| {
+                let w = BlockWeights {
+                    qkv,
+                    qkv_bias,
+                    out,
+                    out_bias,
+                };
+                let run = |norm: Option<PreNorm>| {
+                    let norm = norm.map(|n| (n, self.eps));
+                    Ok(kernels::with_cpu_f32(cos, "rope cos", |cos| {
+                        kernels::with_cpu_f32(sin, "rope sin", |sin| {
+                            kernels::with_cpu_f32(x, "attention input", |x| {
+                                let around = Around::PreNorm { norm, cos, sin };
+                                Ok(attention::block(w, x, batch.lens(), heads, keys, around))
+                            })
+                        })
+                    })?)
+                };
+                match norm {
+                    Some(n) => n.with_cpu_params(|p| run(Some(p))),
+                    None => run(None),
+                }
+            })
+        })
     }
 }
 
@@ -367,6 +458,17 @@ fn with_bias<R>(
 ) -> Result<R, ModelError> {
     // `f`'s result rides inside the slice's: the outer `?` takes the slice's error.
     kernels::with_cpu_f32(bias, "bias", |b| Ok(f(b)))?
+}
+
+/// [`with_bias`] for a bias that may be absent.
+fn with_optional_bias<R>(
+    bias: Option<&Tensor>,
+    f: impl FnOnce(Option<&[f32]>) -> Result<R, ModelError>,
+) -> Result<R, ModelError> {
+    match bias {
+        Some(b) => with_bias(b, |b| f(Some(b))),
+        None => f(None),
+    }
 }
 
 /// A CPU kernel's product on the f32 tensor `x` (any leading dimensions), read in place:

@@ -21,8 +21,8 @@ use candle_nn::VarBuilder;
 use super::{
     act::Act,
     batch::Batch,
-    layers::{GatedFeedForward, Linear, Norm, NormRef, Weight},
-    rope::{rotate, Rope},
+    layers::{GatedFeedForward, Linear, Norm, NormRef, PreNormAttention, Weight},
+    rope::Rope,
     Packed, Routing,
 };
 use crate::{
@@ -236,20 +236,20 @@ impl ModernBert {
             .embed_norm
             .forward(&self.word.index_select(&batch.ids, 0)?, self.eps)?;
         for l in &self.layers {
-            let normed = match &l.attn_norm {
-                Some(norm) => norm.forward(&x, self.eps)?,
-                None => x.clone(),
-            };
-            let (cos, sin) = if l.local { &local } else { &global };
-            let heads = Heads::mha(normed.dim(1)?, self.heads);
-            let qkv = rotate(&l.qkv.forward(&normed)?, cos, sin, heads)?;
+            let heads = Heads::mha(x.dim(1)?, self.heads);
             let mask = if l.local {
                 Mask::Window(self.window)
             } else {
                 Mask::Full
             };
-            let ctx = batch.attend(&qkv, heads, mask)?;
-            x = (x + l.attn_out.forward(&ctx)?)?;
+            let (cos, sin) = if l.local { &local } else { &global };
+            x = PreNormAttention {
+                norm: l.attn_norm.as_ref(),
+                eps: self.eps,
+                qkv: &l.qkv,
+                out: &l.attn_out,
+            }
+            .forward(&x, &batch, heads, mask, (cos, sin))?;
             x = GatedFeedForward {
                 norm: NormRef::Layer(&l.mlp_norm),
                 eps: self.eps,
