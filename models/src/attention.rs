@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use crate::{
     dense::{self, Dst, Epilogue, PackedLinear, Panel, RowNorm, NR, ROWS_PER_TASK},
     feed_forward::PreNorm,
-    kernels::{add_into, rope_row, softmax_row, Heads, Keys},
+    kernels::{add_into, qk_norm_rope_row, rope_row, softmax_row, Heads, Keys},
 };
 
 /// Query rows per block: four of the dense kernel's 12-row AVX-512 tiles (eight AVX2
@@ -176,12 +176,14 @@ pub(crate) enum Around<'a> {
     /// BERT's post-norm: `norm.apply` (add-norm with the residual, which is the block's
     /// input) after the output product.
     PostNorm(RowNorm<'a>),
-    /// A pre-norm layer's (ModernBERT's): the input through `norm` (none in ModernBERT's
-    /// first layer) before the QKV product, Q and K rotated by each token's angles (`cos`
-    /// and `sin`, `[rows, d/2]`, as `kernels::rope`), and the input added back after the
-    /// output product.
+    /// A pre-norm layer's (ModernBERT's, Qwen3's): the input through `norm` (none in
+    /// ModernBERT's first layer) before the QKV product, Q and K rotated by each token's
+    /// angles (`cos` and `sin`, `[rows, d/2]`, as `kernels::rope`), each Q and K head first
+    /// RMS-normalized with `qk_norm`'s weights where given (Qwen3's, as
+    /// `kernels::qk_norm_rope`), and the input added back after the output product.
     PreNorm {
         norm: Option<(PreNorm<'a>, f32)>,
+        qk_norm: Option<(&'a [f32], &'a [f32], f32)>,
         cos: &'a [f32],
         sin: &'a [f32],
     },
@@ -263,8 +265,18 @@ pub(crate) fn block(
             assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
             assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
         }
-        Around::PreNorm { norm, cos, sin } => {
+        Around::PreNorm {
+            norm,
+            qk_norm,
+            cos,
+            sin,
+        } => {
             assert_eq!(n, k, "a pre-norm block's residual is its input: [{m}, {k}]");
+            assert!(
+                qk_norm.is_none_or(|(q, k, _)| q.len() == heads.d && k.len() == heads.d),
+                "q/k norms are not [{}]",
+                heads.d
+            );
             assert!(
                 norm.is_none_or(|(p, _)| p.width() == k),
                 "norm is not [{k}]"
@@ -333,12 +345,18 @@ pub(crate) fn block(
                 w.qkv
                     .rows_into(x, k, rows, qkv.as_mut_ptr(), width, qkv_epi);
             }
-            if let Around::PreNorm { cos, sin, .. } = around {
+            if let Around::PreNorm {
+                qk_norm, cos, sin, ..
+            } = around
+            {
                 let angles = cos[r0 * half..]
                     .chunks(half)
                     .zip(sin[r0 * half..].chunks(half));
                 for (row, (c, s)) in qkv[..rows * width].chunks_exact_mut(width).zip(angles) {
-                    rope_row(row, c, s, heads);
+                    match qk_norm {
+                        Some((qw, kw, eps)) => qk_norm_rope_row(row, qw, kw, c, s, heads, eps),
+                        None => rope_row(row, c, s, heads),
+                    }
                 }
             }
             let mut at = 0;
@@ -507,6 +525,7 @@ mod tests {
                     drop(std::hint::black_box(vec![f32::NAN; m * hidden]));
                     let around = Around::PreNorm {
                         norm,
+                        qk_norm: None,
                         cos: &cos,
                         sin: &sin,
                     };

@@ -198,7 +198,7 @@ fn qk_norm_rope_body(
         rotate_half(head, cos, sin);
     }
 }
-dispatch!(qk_norm_rope_row, qk_norm_rope_body, (
+dispatch!(pub(crate) qk_norm_rope_row, qk_norm_rope_body, (
     row: &mut [f32], qw: &[f32], kw: &[f32], cos: &[f32], sin: &[f32], heads: Heads, eps: f32
 ));
 

@@ -7,7 +7,7 @@ use candle_nn::VarBuilder;
 use super::{
     act::Act,
     batch::{Batch, Route},
-    rope::rotate,
+    rope::{rotate, rotate_qk_normed},
 };
 use crate::{
     attention::{self, Around, BlockWeights},
@@ -232,12 +232,14 @@ impl AttentionBlock<'_> {
     }
 }
 
-/// A pre-norm layer's attention block and its residual (ModernBERT's):
-/// `x + out(attention(rope(qkv(norm(x)))))`, `norm` none in ModernBERT's first layer.
+/// A pre-norm layer's attention block and its residual (ModernBERT's, Qwen3's):
+/// `x + out(attention(rope(qkv(norm(x)))))`, `norm` none in ModernBERT's first layer,
+/// each Q and K head RMS-normalized by `qk_norm` before the rotation in Qwen3.
 pub(crate) struct PreNormAttention<'a> {
-    pub(crate) norm: Option<&'a Norm>,
+    pub(crate) norm: Option<NormRef<'a>>,
     pub(crate) eps: f32,
     pub(crate) qkv: &'a Linear,
+    pub(crate) qk_norm: Option<(&'a RmsNorm, &'a RmsNorm)>,
     pub(crate) out: &'a Linear,
 }
 
@@ -272,7 +274,11 @@ impl PreNormAttention<'_> {
             Some(norm) => norm.forward(x, self.eps)?,
             None => x.clone(),
         };
-        let qkv = rotate(&self.qkv.forward(&normed)?, cos, sin, heads)?;
+        let qkv = self.qkv.forward(&normed)?;
+        let qkv = match self.qk_norm {
+            Some(norms) => rotate_qk_normed(&qkv, norms, cos, sin, heads, self.eps)?,
+            None => rotate(&qkv, cos, sin, heads)?,
+        };
         let ctx = batch.attend(&qkv, heads, mask)?;
         Ok((x + self.out.forward(&ctx)?)?)
     }
@@ -287,7 +293,6 @@ impl PreNormAttention<'_> {
         (qkv, out): (&PackedLinear, &PackedLinear),
         (cos, sin): (&Tensor, &Tensor),
     ) -> Result<Option<Vec<f32>>, ModelError> {
-        let norm = self.norm.map(NormRef::Layer);
         with_optional_bias(self.qkv.b.as_ref(), |qkv_bias| {
             with_optional_bias(self.out.b.as_ref(), |out_bias| {
                 let w = BlockWeights {
@@ -296,18 +301,32 @@ impl PreNormAttention<'_> {
                     out,
                     out_bias,
                 };
-                let run = |norm: Option<PreNorm>| {
+                let run = |norm: Option<PreNorm>, qk_norm: Option<(&[f32], &[f32], f32)>| {
                     let norm = norm.map(|n| (n, self.eps));
                     Ok(kernels::with_cpu_f32(cos, "rope cos", |cos| {
                         kernels::with_cpu_f32(sin, "rope sin", |sin| {
                             kernels::with_cpu_f32(x, "attention input", |x| {
-                                let around = Around::PreNorm { norm, cos, sin };
+                                let around = Around::PreNorm {
+                                    norm,
+                                    qk_norm,
+                                    cos,
+                                    sin,
+                                };
                                 Ok(attention::block(w, x, batch.lens(), heads, keys, around))
                             })
                         })
                     })?)
                 };
-                match norm {
+                // The q/k norms' weights, read in place too.
+                let run = |norm: Option<PreNorm>| match self.qk_norm {
+                    Some((q, k)) => kernels::with_cpu_f32(&q.weight, "q norm", |qw| {
+                        kernels::with_cpu_f32(&k.weight, "k norm", |kw| {
+                            Ok(run(norm, Some((qw, kw, self.eps))))
+                        })
+                    })?,
+                    None => run(norm, None),
+                };
+                match self.norm {
                     Some(n) => n.with_cpu_params(|p| run(Some(p))),
                     None => run(None),
                 }
@@ -451,6 +470,19 @@ fn with_row_norm<R>(
     )?)
 }
 
+/// `norm(x)` for a CPU f32 `x`, by the kernel the fused CPU steps normalize with
+/// ([`PreNorm::apply`]) rather than candle's (one pass, E[x²] − mean², other bits): a
+/// text's vector is then the same whether or not its batch was big enough for the fused
+/// steps (`dense::fills_the_cores`).
+fn normalize_on_cpu(x: &Tensor, norm: NormRef, eps: f32) -> Result<Tensor, ModelError> {
+    let mut rows = kernels::with_cpu_f32(x, "norm input", |v| Ok(v.to_vec()))?;
+    norm.with_cpu_params(|p| {
+        p.apply(&mut rows, eps);
+        Ok(())
+    })?;
+    Ok(Tensor::from_vec(rows, x.dims(), x.device())?)
+}
+
 /// `f` with a CPU f32 bias read in place (the fused CPU paths take it as a slice).
 fn with_bias<R>(
     bias: &Tensor,
@@ -556,6 +588,9 @@ impl Norm {
     }
 
     pub(crate) fn forward(&self, x: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
+        if kernels::cpu_f32(x) {
+            return normalize_on_cpu(x, NormRef::Layer(self), eps);
+        }
         Ok(candle_nn::ops::layer_norm(x, &self.gamma, &self.beta, eps)?)
     }
 }
@@ -573,6 +608,9 @@ impl RmsNorm {
     }
 
     pub(crate) fn forward(&self, x: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
+        if kernels::cpu_f32(x) {
+            return normalize_on_cpu(x, NormRef::Rms(self), eps);
+        }
         Ok(candle_nn::ops::rms_norm(
             &x.contiguous()?,
             &self.weight,

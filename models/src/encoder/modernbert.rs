@@ -244,9 +244,10 @@ impl ModernBert {
             };
             let (cos, sin) = if l.local { &local } else { &global };
             x = PreNormAttention {
-                norm: l.attn_norm.as_ref(),
+                norm: l.attn_norm.as_ref().map(NormRef::Layer),
                 eps: self.eps,
                 qkv: &l.qkv,
+                qk_norm: None,
                 out: &l.attn_out,
             }
             .forward(&x, &batch, heads, mask, (cos, sin))?;

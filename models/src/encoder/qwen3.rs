@@ -16,14 +16,14 @@ use candle_nn::VarBuilder;
 use super::{
     act::Act,
     batch::Batch,
-    layers::{GatedFeedForward, Linear, NormRef, RmsNorm, Weight},
-    rope::{rotate, Rope},
+    layers::{GatedFeedForward, Linear, NormRef, PreNormAttention, RmsNorm, Weight},
+    rope::Rope,
     Packed, Routing,
 };
 use crate::{
     batcher::Row,
     config::Qwen3Config,
-    kernels::{self, Heads, Mask},
+    kernels::{Heads, Mask},
     ModelError,
 };
 
@@ -169,29 +169,16 @@ impl Qwen3 {
                 .pick(&self.device, self.embed.dtype(), self.heads.d),
         )?;
         let (cos, sin) = self.rope.at(&batch.position_ids(0)?)?;
-        // The fused CPU pass reads the angles as slices: taken once here, not per layer.
-        let cpu_angles = if kernels::cpu_f32(&cos) {
-            Some((cos.flatten_all()?.to_vec1()?, sin.flatten_all()?.to_vec1()?))
-        } else {
-            None
-        };
         let mut x = self.embed.index_select(&batch.ids, 0)?;
         for l in &self.layers {
-            let qkv = l.qkv.forward(&l.input_norm.forward(&x, self.eps)?)?;
-            let qkv = match &cpu_angles {
-                Some((c, s)) if kernels::cpu_f32(&qkv) => kernels::qk_norm_rope(
-                    &qkv,
-                    &l.q_norm.weight,
-                    &l.k_norm.weight,
-                    c,
-                    s,
-                    self.heads,
-                    self.eps,
-                )?,
-                _ => qk_norm_rope(&qkv, &l.q_norm, &l.k_norm, &cos, &sin, self.heads, self.eps)?,
-            };
-            let ctx = batch.attend(&qkv, self.heads, Mask::Causal)?;
-            x = (x + l.o.forward(&ctx)?)?;
+            x = PreNormAttention {
+                norm: Some(NormRef::Rms(&l.input_norm)),
+                eps: self.eps,
+                qkv: &l.qkv,
+                qk_norm: Some((&l.q_norm, &l.k_norm)),
+                out: &l.o,
+            }
+            .forward(&x, &batch, self.heads, Mask::Causal, (&cos, &sin))?;
             x = GatedFeedForward {
                 norm: NormRef::Rms(&l.post_norm),
                 eps: self.eps,
@@ -203,59 +190,5 @@ impl Qwen3 {
         }
         let x = self.norm.forward(&x, self.eps)?;
         Ok(batch.into_packed(x))
-    }
-}
-
-/// Per-head RMSNorm of Q and K, each over its d values, then rotation, as candle ops:
-/// cards and f16/bf16 (the CPU in f32 runs `kernels::qk_norm_rope`, one fused pass).
-fn qk_norm_rope(
-    qkv: &Tensor,
-    q_norm: &RmsNorm,
-    k_norm: &RmsNorm,
-    cos: &Tensor,
-    sin: &Tensor,
-    heads: Heads,
-    eps: f32,
-) -> Result<Tensor, ModelError> {
-    let Heads { q, kv, d } = heads;
-    let n = qkv.dim(0)?;
-    let qn = q_norm
-        .forward(&qkv.narrow(1, 0, q * d)?.reshape((n, q, d))?, eps)?
-        .reshape((n, q * d))?;
-    let kn = k_norm
-        .forward(&qkv.narrow(1, q * d, kv * d)?.reshape((n, kv, d))?, eps)?
-        .reshape((n, kv * d))?;
-    let v = qkv.narrow(1, (q + kv) * d, kv * d)?;
-    rotate(&Tensor::cat(&[qn, kn, v], 1)?, cos, sin, heads)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The CPU's fused pass (`kernels::qk_norm_rope`) is the candle chain cards and
-    /// f16/bf16 run: per-head RMSNorm of Q and K with their own weights, then rotation;
-    /// grouped K/V heads, several tokens at their own positions, V untouched.
-    #[test]
-    fn fused_qk_norm_and_rotation_match_the_candle_chain() {
-        let heads = Heads { q: 4, kv: 2, d: 8 };
-        let (n, dev) = (5, Device::Cpu);
-        let t = |shape: &[usize], scale: f64| {
-            (Tensor::randn(0f32, 1f32, shape, &dev).unwrap() * scale).unwrap()
-        };
-        let qkv = t(&[n, heads.qkv_width()], 3.0);
-        let (qw, kw) = (t(&[heads.d], 1.0), t(&[heads.d], 1.0));
-        let rope = Rope::new(1e6, heads.d, 64, &dev).unwrap();
-        let pos = Tensor::new(&[0u32, 1, 2, 0, 40], &dev).unwrap();
-        let (cos, sin) = rope.at(&pos).unwrap();
-        let eps = 1e-6;
-        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let got =
-            kernels::qk_norm_rope(&qkv, &qw, &kw, &flat(&cos), &flat(&sin), heads, eps).unwrap();
-        let (q_norm, k_norm) = (RmsNorm { weight: qw }, RmsNorm { weight: kw });
-        let want = qk_norm_rope(&qkv, &q_norm, &k_norm, &cos, &sin, heads, eps).unwrap();
-
-        let diff = kernels::tests::max_diff(&got, &want);
-        assert!(diff < 1e-5, "max diff {diff}");
     }
 }

@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::layers::RmsNorm;
 use crate::{
     kernels::{self, Heads},
     ModelError,
@@ -74,6 +75,48 @@ pub(crate) fn rotate(
     rotate_by_ops(qkv, cos, sin, heads)
 }
 
+/// Qwen3's: each Q head RMS-normalized with `q_norm`'s weight and each K head with
+/// `k_norm`'s, over its d values, then [`rotate`]d. On the CPU in f32 one pass
+/// (`kernels::qk_norm_rope`); elsewhere candle's ops.
+pub(crate) fn rotate_qk_normed(
+    qkv: &Tensor,
+    (q_norm, k_norm): (&RmsNorm, &RmsNorm),
+    cos: &Tensor,
+    sin: &Tensor,
+    heads: Heads,
+    eps: f32,
+) -> Result<Tensor, ModelError> {
+    if [qkv, cos, sin].into_iter().all(kernels::cpu_f32) {
+        return Ok(kernels::with_cpu_f32(cos, "rope cos", |c| {
+            kernels::with_cpu_f32(sin, "rope sin", |s| {
+                kernels::qk_norm_rope(qkv, &q_norm.weight, &k_norm.weight, c, s, heads, eps)
+            })
+        })?);
+    }
+    qk_norm_rope_by_ops(qkv, (q_norm, k_norm), cos, sin, heads, eps)
+}
+
+/// [`rotate_qk_normed`] as candle ops: cards and f16/bf16.
+fn qk_norm_rope_by_ops(
+    qkv: &Tensor,
+    (q_norm, k_norm): (&RmsNorm, &RmsNorm),
+    cos: &Tensor,
+    sin: &Tensor,
+    heads: Heads,
+    eps: f32,
+) -> Result<Tensor, ModelError> {
+    let Heads { q, kv, d } = heads;
+    let n = qkv.dim(0)?;
+    let qn = q_norm
+        .forward(&qkv.narrow(1, 0, q * d)?.reshape((n, q, d))?, eps)?
+        .reshape((n, q * d))?;
+    let kn = k_norm
+        .forward(&qkv.narrow(1, q * d, kv * d)?.reshape((n, kv, d))?, eps)?
+        .reshape((n, kv * d))?;
+    let v = qkv.narrow(1, (q + kv) * d, kv * d)?;
+    rotate(&Tensor::cat(&[qn, kn, v], 1)?, cos, sin, heads)
+}
+
 /// [`rotate`] as candle ops: cards, f16 and bf16.
 fn rotate_by_ops(
     qkv: &Tensor,
@@ -122,6 +165,31 @@ mod tests {
             let ops = bits(rotate_by_ops(&qkv, &cos, &sin, heads).unwrap());
             assert_eq!(fused, ops, "{heads:?}");
         }
+    }
+
+    /// The CPU's fused pass (`kernels::qk_norm_rope`) is the candle chain cards and
+    /// f16/bf16 run: per-head RMSNorm of Q and K with their own weights, then rotation;
+    /// grouped K/V heads, several tokens at their own positions, V untouched.
+    #[test]
+    fn fused_qk_norm_and_rotation_match_the_candle_chain() {
+        let heads = Heads { q: 4, kv: 2, d: 8 };
+        let (n, dev) = (5, Device::Cpu);
+        let t = |shape: &[usize], scale: f64| {
+            (Tensor::randn(0f32, 1f32, shape, &dev).unwrap() * scale).unwrap()
+        };
+        let qkv = t(&[n, heads.qkv_width()], 3.0);
+        let (qw, kw) = (t(&[heads.d], 1.0), t(&[heads.d], 1.0));
+        let rope = Rope::new(1e6, heads.d, 64, &dev).unwrap();
+        let pos = Tensor::new(&[0u32, 1, 2, 0, 40], &dev).unwrap();
+        let (cos, sin) = rope.at(&pos).unwrap();
+        let eps = 1e-6;
+        let (q_norm, k_norm) = (RmsNorm { weight: qw }, RmsNorm { weight: kw });
+        let norms = (&q_norm, &k_norm);
+        let got = rotate_qk_normed(&qkv, norms, &cos, &sin, heads, eps).unwrap();
+        let want = qk_norm_rope_by_ops(&qkv, norms, &cos, &sin, heads, eps).unwrap();
+
+        let diff = kernels::tests::max_diff(&got, &want);
+        assert!(diff < 1e-5, "max diff {diff}");
     }
 
     /// The rotation is transformers' rotate-half: (x1, x2) → (x1·cos − x2·sin,
