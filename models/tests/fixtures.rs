@@ -77,6 +77,34 @@ fn pre_norm_families_match_through_the_fused_steps() {
     }
 }
 
+/// A text's vector does not depend on its batch-mates: embedded with all the fixture's
+/// texts (on one thread, a batch the fused steps serve) and alone (too few rows for them:
+/// the steps apart), each text gets the same bits. Holds the fused paths and their
+/// fallbacks to the same kernels, the pre-norms included.
+#[test]
+fn a_texts_vector_does_not_depend_on_its_batch() {
+    for name in ["tiny-modernbert-mean", "tiny-qwen3-last"] {
+        let (r, model) = embedder_and_reference(&own_fixture(name), candle_core::DType::F32);
+        same_alone_as_together(name, &model, &texts(&r));
+    }
+    let r = reference(&fixtures().join("minilm/reference.json"));
+    same_alone_as_together("minilm", &minilm_f32(), &texts(&r));
+}
+
+/// Each of `texts` embedded alone gives the bits it gets among all of them (one thread).
+fn same_alone_as_together(name: &str, model: &Embedder, texts: &[String]) {
+    let together = on_one_thread(|| model.embed(texts, EmbedOptions::default()).unwrap());
+    for (i, text) in texts.iter().enumerate() {
+        let one = std::slice::from_ref(text);
+        let alone = on_one_thread(|| model.embed(one, EmbedOptions::default()).unwrap());
+        let same = alone.vectors[0]
+            .iter()
+            .zip(&together.vectors[i])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{name}: text {i} alone differs from it in the batch");
+    }
+}
+
 /// `f` on a pool of one thread, where a batch's tasks of rows number the same on any host.
 fn on_one_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     rayon::ThreadPoolBuilder::new()

@@ -36,7 +36,7 @@ use self::{bert::Bert, modernbert::ModernBert, qwen3::Qwen3};
 use crate::{
     batcher::Row,
     config::{Arch, ModelConfig},
-    ModelError, Pooling,
+    kernels, ModelError, Pooling,
 };
 
 /// A loaded encoder of any family gpulane runs. Blocking: call it from an engine thread.
@@ -140,6 +140,38 @@ impl Packed {
         self.pick(|s, _| s)
     }
 
+    /// Mean or mean-sqrt-len pooling of CPU f32 token vectors: each row's tokens summed
+    /// in order, then divided by their count (or its square root) as sentence-transformers
+    /// does. Not the cards' `[B, N]` matmul: its blocking sums a row's tokens in groups
+    /// that depend on where the row sits in the batch, so a text's vector moved by an ulp
+    /// with its batch-mates (`tests/fixtures.rs`' `a_texts_vector_does_not_depend_on_its_batch`).
+    fn mean_on_cpu(&self, pooling: Pooling) -> Result<Tensor, ModelError> {
+        let h = self.hidden.dim(1)?;
+        let mut out = vec![0f32; self.lens.len() * h];
+        kernels::with_cpu_f32(&self.hidden, "pooled tokens", |x| {
+            let rows = self.starts.iter().zip(&self.lens).zip(&self.skips);
+            for (o, ((&s, &len), &skip)) in out.chunks_exact_mut(h).zip(rows) {
+                for token in x[(s + skip) * h..(s + len) * h].chunks_exact(h) {
+                    kernels::add_into(o, token);
+                }
+                // sentence-transformers clamps the count at 1e-9.
+                let count = ((len - skip) as f32).max(1e-9);
+                let by = if pooling == Pooling::Mean {
+                    count
+                } else {
+                    count.sqrt()
+                };
+                o.iter_mut().for_each(|v| *v /= by);
+            }
+            Ok(())
+        })?;
+        Ok(Tensor::from_vec(
+            out,
+            (self.lens.len(), h),
+            self.hidden.device(),
+        )?)
+    }
+
     /// One vector per row under `pooling`, `[B, H]` in f32. Mean, max and mean-sqrt-len
     /// leave out each row's skipped leading tokens, as sentence-transformers' pooling does
     /// with `include_prompt: false`; CLS and last-token pooling take their token as is.
@@ -150,6 +182,9 @@ impl Packed {
             Pooling::Cls => self.first_tokens()?.to_dtype(DType::F32)?,
             // Rows are never empty: every tokenizer here adds at least one special token.
             Pooling::LastToken => self.pick(|s, l| s + l.max(1) - 1)?.to_dtype(DType::F32)?,
+            Pooling::Mean | Pooling::MeanSqrtLen if kernels::cpu_f32(&self.hidden) => {
+                self.mean_on_cpu(pooling)?
+            }
             Pooling::Mean | Pooling::MeanSqrtLen => {
                 let hidden = hidden()?;
                 // A [B, N] weight matrix: one matmul averages every row's own tokens.
