@@ -219,15 +219,16 @@ pub(crate) fn release_thread_buffer() {
 /// An attention block over packed rows, each query seeing `keys` of its row: for `x` the
 /// `[Σ lens, k]` rows of sequences of `lens` tokens in turn, BERT's
 /// `norm(attention(x · qkv + qkv_bias) · out)` or a pre-norm layer's
-/// `x + attention(rope(norm(x) · qkv)) · out` (see [`Around`]). Each task takes whole
+/// `x + attention(rope(norm(x) · qkv + qkv_bias)) · out + out_bias` (see [`Around`]; the
+/// biases where the weights have them). Each task takes whole
 /// sequences, [`ROWS_PER_TASK`] rows or more (the last task what is left), through every
 /// step on one thread, their QKV (a 256-token passage's: 1.1 MiB at MiniLM's widths) and
 /// context in the thread's buffers, so its core's L2 (inferred from the sizes), rather
 /// than out to `[N, 3H]` and `[N, H]` tensors (36 and 12 MiB for 32 such passages) and
 /// back. Measured for BERT: +3.8% on long passages, +2.8% on short sentences
 /// (benches/RESULTS.md). The same kernels in the same order as the steps apart, so the
-/// same bits (the pre-norm's LayerNorm is `kernels::layer_norm_rows`, as in the gated
-/// feed-forward). None where the batch makes too few tasks to keep every core busy: the
+/// same bits (on the CPU every norm is `kernels::layer_norm_rows` / `rms_norm_rows`,
+/// fused or not). None where the batch makes too few tasks to keep every core busy: the
 /// caller runs the steps apart, whose products also split columns across tasks.
 pub(crate) fn block(
     w: BlockWeights,
@@ -382,7 +383,8 @@ pub(crate) fn block(
             // SAFETY: this task's rows, every output of which it has just stored.
             Around::PostNorm(norm) => unsafe { norm.apply_to(out, n, r0..r0 + rows) },
             Around::PreNorm { .. } => {
-                // SAFETY: as above; the task owns these rows of `y` whole.
+                // SAFETY: as above; the task owns these rows of `y` whole, and `rows_into`
+                // has just stored every value of them, so they are initialized floats.
                 let own = unsafe { std::slice::from_raw_parts_mut(out.at(r0 * n), rows * n) };
                 add_into(own, &x[r0 * n..(r0 + rows) * n]);
             }
