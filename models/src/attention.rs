@@ -414,6 +414,25 @@ mod tests {
 
     const HEADS: Heads = Heads { q: 2, kv: 2, d: 32 };
 
+    /// The attention step apart: each of `lens`' sequences of the packed `mixed` QKV rows
+    /// through [`sequence`] under `keys`, as `kernels::attention` runs it.
+    fn sequences(mixed: &[f32], lens: &[usize], heads: Heads, keys: Keys) -> Vec<f32> {
+        let (width, h) = (heads.qkv_width(), heads.q * heads.d);
+        let mut ctx = vec![0f32; lens.iter().sum::<usize>() * h];
+        let (mut at, mut scratch) = (0, Scratch::default());
+        for &len in lens {
+            let rows = &mixed[at * width..(at + len) * width];
+            let c = &mut ctx[at * h..(at + len) * h];
+            // SAFETY: floats viewed as maybe-uninitialized ones, written as floats.
+            let c = unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) };
+            if len > 0 {
+                sequence(rows, len, heads, keys.in_row_of(len), c, &mut scratch);
+            }
+            at += len;
+        }
+        ctx
+    }
+
     /// The block carried through per task gives the steps' bits: QKV with its bias, each
     /// sequence's attention, the output projection with the add-norm. Tasks here take a
     /// sequence of 100 rows, then 3 + 250, then an empty one + 40 + 97; a batch of two
@@ -427,7 +446,6 @@ mod tests {
         pool(1).install(|| {
             let mut seed = 5;
             let (hidden, heads) = (64, HEADS);
-            let width = heads.qkv_width();
             let (qkv, out, qkv_bias, params) = weights(&mut seed);
             let w = BlockWeights {
                 qkv: &qkv,
@@ -445,16 +463,7 @@ mod tests {
                 eps: 1e-12,
             };
             let mixed = qkv.forward(&x, m, Epilogue::Bias(&qkv_bias));
-            let mut ctx = vec![0f32; m * hidden];
-            let (mut at, mut scratch) = (0, Scratch::default());
-            for len in lens {
-                let rows = &mixed[at * width..(at + len) * width];
-                let c = &mut ctx[at * hidden..(at + len) * hidden];
-                // SAFETY: floats viewed as maybe-uninitialized ones, written as floats.
-                let c = unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) };
-                sequence(rows, len, heads, Keys::Row, c, &mut scratch);
-                at += len;
-            }
+            let ctx = sequences(&mixed, &lens, heads, Keys::Row);
             let want = out.forward_norm(&ctx, m, norm);
             // Poison what the output may reuse, so a value left unwritten fails.
             drop(std::hint::black_box(vec![f32::NAN; m * hidden]));
@@ -509,19 +518,7 @@ mod tests {
                     for (row, (c, s)) in mixed.chunks_exact_mut(width).zip(angles) {
                         rope_row(row, c, s, heads);
                     }
-                    let mut ctx = vec![0f32; m * hidden];
-                    let (mut at, mut scratch) = (0, Scratch::default());
-                    for len in lens {
-                        let rows = &mixed[at * width..(at + len) * width];
-                        let c = &mut ctx[at * hidden..(at + len) * hidden];
-                        // SAFETY: floats viewed as maybe-uninitialized ones, written as
-                        // floats.
-                        let c = unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) };
-                        if len > 0 {
-                            sequence(rows, len, heads, keys.in_row_of(len), c, &mut scratch);
-                        }
-                        at += len;
-                    }
+                    let ctx = sequences(&mixed, &lens, heads, keys);
                     let mut want = out.forward(&ctx, m, Epilogue::Bias(&out_bias));
                     add_into(&mut want, &x);
                     drop(std::hint::black_box(vec![f32::NAN; m * hidden]));
