@@ -328,6 +328,12 @@ impl ModelConfig {
                     "hidden size {hidden} is not a multiple of {heads} attention heads"
                 ))
             }
+            Arch::ModernBert(_) if (hidden / heads) % 2 != 0 => {
+                return bad(format!(
+                    "head size {} (hidden size {hidden} / {heads} heads) is odd; rotary embeddings turn pairs of values",
+                    hidden / heads
+                ))
+            }
             _ => {}
         }
         Ok(())
@@ -507,6 +513,21 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("num_key_value_heads"));
+    }
+
+    /// ModernBERT rotates pairs of each head's values: an odd head size is refused at
+    /// load, naming it, rather than reaching the attention kernels.
+    #[test]
+    fn modernbert_with_odd_heads_is_refused() {
+        let config = |hidden: usize| {
+            serde_json::json!({
+                "model_type": "modernbert", "hidden_size": hidden, "num_attention_heads": 4,
+                "num_hidden_layers": 1, "intermediate_size": 8, "vocab_size": 10
+            })
+        };
+        assert!(parse(config(32)).is_ok());
+        let err = parse(config(36)).unwrap_err().to_string();
+        assert!(err.contains("head size 9") && err.contains("odd"), "{err}");
     }
 
     #[test]
