@@ -1095,9 +1095,13 @@ pub(crate) fn qk_norm_rope(
     if q_norm.elem_count() != heads.d || k_norm.elem_count() != heads.d {
         candle_core::bail!("qk-norm-rope: norms of {heads:?} are not [d]");
     }
-    let (qw, kw) = (q_norm.to_vec1::<f32>()?, k_norm.to_vec1::<f32>()?);
-    rows_with_angles(qkv, cos, sin, heads, |row, c, s| {
-        qk_norm_rope_row(row, &qw, &kw, c, s, heads, eps)
+    // The norms' weights read in place, like every other weight of the fused CPU paths.
+    with_cpu_f32(q_norm, "q norm", |qw| {
+        with_cpu_f32(k_norm, "k norm", |kw| {
+            rows_with_angles(qkv, cos, sin, heads, |row, c, s| {
+                qk_norm_rope_row(row, qw, kw, c, s, heads, eps)
+            })
+        })
     })
 }
 
