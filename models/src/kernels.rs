@@ -1056,9 +1056,11 @@ pub(crate) fn gated_gelu(x: &Tensor, ops: CardOps) -> Result<Tensor> {
 /// forward pass).
 pub(crate) fn gated_silu(x: &Tensor) -> Result<Tensor> {
     let (n, two_i) = x.dims2()?;
-    let out = with_cpu_f32(x, "gated-silu x", |x| {
-        Ok(gated_rows(x, two_i, gated_silu_row))
-    })?;
+    let out = gated_rows(
+        CpuF32::read(x, "gated-silu x")?.values(),
+        two_i,
+        gated_silu_row,
+    );
     Tensor::from_vec(out, (n, two_i / 2), x.device())
 }
 
@@ -1096,12 +1098,13 @@ pub(crate) fn qk_norm_rope(
         candle_core::bail!("qk-norm-rope: norms of {heads:?} are not [d]");
     }
     // The norms' weights read in place, like every other weight of the fused CPU paths.
-    with_cpu_f32(q_norm, "q norm", |qw| {
-        with_cpu_f32(k_norm, "k norm", |kw| {
-            rows_with_angles(qkv, cos, sin, heads, |row, c, s| {
-                qk_norm_rope_row(row, qw, kw, c, s, heads, eps)
-            })
-        })
+    let (qw, kw) = (
+        CpuF32::read(q_norm, "q norm")?,
+        CpuF32::read(k_norm, "k norm")?,
+    );
+    let (qw, kw) = (qw.values(), kw.values());
+    rows_with_angles(qkv, cos, sin, heads, |row, c, s| {
+        qk_norm_rope_row(row, qw, kw, c, s, heads, eps)
     })
 }
 
@@ -1133,7 +1136,7 @@ fn rows_with_angles(
     if cos.len() != n * half || sin.len() != n * half {
         candle_core::bail!("rope: angles for {} tokens, not {n}", cos.len() / half);
     }
-    let mut out = with_cpu_f32(qkv, "rope qkv", |x| Ok(x.to_vec()))?;
+    let mut out = CpuF32::read(qkv, "rope qkv")?.values().to_vec();
     out.par_chunks_mut(width * ROWS_PER_TASK)
         .zip(cos.par_chunks(half * ROWS_PER_TASK))
         .zip(sin.par_chunks(half * ROWS_PER_TASK))
@@ -1151,17 +1154,40 @@ pub(crate) fn cpu_f32(t: &Tensor) -> bool {
     t.is_contiguous() && t.device().is_cpu() && t.dtype() == DType::F32
 }
 
-/// `f` on a contiguous CPU f32 tensor's values, read in place.
-pub(crate) fn with_cpu_f32<R>(
-    t: &Tensor,
-    what: &str,
-    f: impl FnOnce(&[f32]) -> Result<R>,
-) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    let candle_core::Storage::Cpu(cpu) = &*storage else {
-        candle_core::bail!("{what}: not on the CPU");
-    };
-    f(f32_slice(cpu, layout, what)?)
+/// A contiguous CPU f32 tensor's values, read in place: its storage's read lock and the
+/// range its layout covers. A fused step that reads several tensors holds one each, named
+/// one after another, instead of nesting a closure per tensor; the lock keeps the storage
+/// as `read` found it for as long as the values are borrowed.
+pub(crate) struct CpuF32<'a> {
+    storage: candle_core::StorageRef<'a>,
+    range: std::ops::Range<usize>,
+}
+
+impl<'a> CpuF32<'a> {
+    /// `t`'s values, or an error naming `what` where `t` is not contiguous f32 on the CPU.
+    pub(crate) fn read(t: &'a Tensor, what: &str) -> Result<Self> {
+        let (storage, layout) = t.storage_and_layout();
+        let candle_core::Storage::Cpu(cpu) = &*storage else {
+            candle_core::bail!("{what}: not on the CPU");
+        };
+        let len = f32_slice(cpu, layout, what)?.len();
+        let range = layout.start_offset()..layout.start_offset() + len;
+        Ok(Self { storage, range })
+    }
+
+    /// `read`'s tensor's values.
+    pub(crate) fn values(&self) -> &[f32] {
+        match &*self.storage {
+            candle_core::Storage::Cpu(CpuStorage::F32(v)) => &v[self.range.clone()],
+            // `read` checked both, and the read lock keeps them so.
+            _ => unreachable!("CpuF32 holds CPU f32 storage"),
+        }
+    }
+}
+
+/// [`CpuF32::read`] for a tensor that may be absent (an optional bias).
+pub(crate) fn read_optional<'a>(t: Option<&'a Tensor>, what: &str) -> Result<Option<CpuF32<'a>>> {
+    t.map(|t| CpuF32::read(t, what)).transpose()
 }
 
 /// LayerNorm(x + bias + residual) with `params` = [bias; gamma; beta] as one `[3, H]`

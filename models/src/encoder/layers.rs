@@ -14,7 +14,7 @@ use crate::{
     dense::{self, Epilogue, PackedLinear, RowNorm},
     feed_forward::{self, PreNorm},
     int8::QuantLinear,
-    kernels::{self, CardOps, Heads, Keys, Mask},
+    kernels::{self, CardOps, CpuF32, Heads, Keys, Mask},
     ModelError,
 };
 
@@ -59,7 +59,8 @@ impl Weight {
     /// `x · w + bias`; on the CPU the bias is added as the kernel stores each output.
     pub(crate) fn matmul_bias(&self, x: &Tensor, bias: &Tensor) -> Result<Tensor, ModelError> {
         if self.own_kernel() {
-            return with_bias(bias, |b| self.product(x, Epilogue::Bias(b)));
+            let b = CpuF32::read(bias, "bias")?;
+            return self.product(x, Epilogue::Bias(b.values()));
         }
         Ok(self.matmul(x)?.broadcast_add(bias)?)
     }
@@ -74,7 +75,8 @@ impl Weight {
         ops: CardOps,
     ) -> Result<Tensor, ModelError> {
         if act == Act::Gelu && self.own_kernel() {
-            return with_bias(bias, |b| self.product(x, Epilogue::BiasGelu(b)));
+            let b = CpuF32::read(bias, "bias")?;
+            return self.product(x, Epilogue::BiasGelu(b.values()));
         }
         Ok(act.with_bias(&self.matmul(x)?, bias, ops)?)
     }
@@ -92,10 +94,9 @@ impl Weight {
     ) -> Result<Tensor, ModelError> {
         if let Weight::Dense(d) = self {
             if kernels::cpu_f32(residual) && kernels::cpu_f32(params) {
-                // The outer `?` takes the slices' errors, the inner the product's.
-                return with_row_norm(residual, params, eps, |norm| {
-                    cpu_product(x, d.out_features(), |x, m| d.forward_norm(x, m, norm))
-                })?;
+                let norm = RowNormRead::read(residual, params, eps)?;
+                let norm = norm.norm();
+                return cpu_product(x, d.out_features(), |x, m| d.forward_norm(x, m, norm));
             }
         }
         Ok(kernels::add_norm(
@@ -208,20 +209,20 @@ impl AttentionBlock<'_> {
             (self.qkv, self.out, batch.route(), &mask)
         {
             if kernels::cpu_f32(x) && kernels::cpu_f32(self.norm) {
-                let fused = with_bias(self.qkv_bias, |qkv_bias| {
-                    let w = BlockWeights {
-                        qkv,
-                        qkv_bias: Some(qkv_bias),
-                        out,
-                        out_bias: None,
-                    };
-                    // `x` is the input and the residual: the output has its shape.
-                    with_row_norm(x, self.norm, self.eps, |norm| {
-                        let around = Around::PostNorm(norm);
-                        attention::block(w, norm.residual, batch.lens(), heads, Keys::Row, around)
-                    })
-                })?;
-                if let Some(y) = fused {
+                let qkv_bias = CpuF32::read(self.qkv_bias, "qkv bias")?;
+                let w = BlockWeights {
+                    qkv,
+                    qkv_bias: Some(qkv_bias.values()),
+                    out,
+                    out_bias: None,
+                };
+                // `x` is the input and the residual: the output has its shape.
+                let norm = RowNormRead::read(x, self.norm, self.eps)?;
+                let norm = norm.norm();
+                let around = Around::PostNorm(norm);
+                let lens = batch.lens();
+                if let Some(y) = attention::block(w, norm.residual, lens, heads, Keys::Row, around)
+                {
                     return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
                 }
             }
@@ -293,45 +294,43 @@ impl PreNormAttention<'_> {
         (qkv, out): (&PackedLinear, &PackedLinear),
         (cos, sin): (&Tensor, &Tensor),
     ) -> Result<Option<Vec<f32>>, ModelError> {
-        with_optional_bias(self.qkv.b.as_ref(), |qkv_bias| {
-            with_optional_bias(self.out.b.as_ref(), |out_bias| {
-                let w = BlockWeights {
-                    qkv,
-                    qkv_bias,
-                    out,
-                    out_bias,
-                };
-                let run = |norm: Option<PreNorm>, qk_norm: Option<(&[f32], &[f32], f32)>| {
-                    let norm = norm.map(|n| (n, self.eps));
-                    Ok(kernels::with_cpu_f32(cos, "rope cos", |cos| {
-                        kernels::with_cpu_f32(sin, "rope sin", |sin| {
-                            kernels::with_cpu_f32(x, "attention input", |x| {
-                                let around = Around::PreNorm {
-                                    norm,
-                                    qk_norm,
-                                    cos,
-                                    sin,
-                                };
-                                Ok(attention::block(w, x, batch.lens(), heads, keys, around))
-                            })
-                        })
-                    })?)
-                };
-                // The q/k norms' weights, read in place too.
-                let run = |norm: Option<PreNorm>| match self.qk_norm {
-                    Some((q, k)) => kernels::with_cpu_f32(&q.weight, "q norm", |qw| {
-                        kernels::with_cpu_f32(&k.weight, "k norm", |kw| {
-                            Ok(run(norm, Some((qw, kw, self.eps))))
-                        })
-                    })?,
-                    None => run(norm, None),
-                };
-                match self.norm {
-                    Some(n) => n.with_cpu_params(|p| run(Some(p))),
-                    None => run(None),
-                }
-            })
-        })
+        let qkv_bias = kernels::read_optional(self.qkv.b.as_ref(), "qkv bias")?;
+        let out_bias = kernels::read_optional(self.out.b.as_ref(), "out bias")?;
+        let w = BlockWeights {
+            qkv,
+            qkv_bias: qkv_bias.as_ref().map(CpuF32::values),
+            out,
+            out_bias: out_bias.as_ref().map(CpuF32::values),
+        };
+        let norm = self.norm.map(NormRef::read_cpu).transpose()?;
+        let qk_norm = match self.qk_norm {
+            Some((q, k)) => Some((
+                CpuF32::read(&q.weight, "q norm")?,
+                CpuF32::read(&k.weight, "k norm")?,
+            )),
+            None => None,
+        };
+        let (cos, sin) = (
+            CpuF32::read(cos, "rope cos")?,
+            CpuF32::read(sin, "rope sin")?,
+        );
+        let x = CpuF32::read(x, "attention input")?;
+        let around = Around::PreNorm {
+            norm: norm.as_ref().map(|n| (n.pre_norm(), self.eps)),
+            qk_norm: qk_norm
+                .as_ref()
+                .map(|(q, k)| (q.values(), k.values(), self.eps)),
+            cos: cos.values(),
+            sin: sin.values(),
+        };
+        Ok(attention::block(
+            w,
+            x.values(),
+            batch.lens(),
+            heads,
+            keys,
+            around,
+        ))
     }
 }
 
@@ -357,12 +356,11 @@ impl FeedForward<'_> {
         {
             if kernels::cpu_f32(x) && kernels::cpu_f32(params) {
                 // `x` is read once, as the input and as the residual.
-                let y = with_bias(self.up_bias, |bias| {
-                    with_row_norm(x, params, eps, |norm| {
-                        let (rows, m) = (norm.residual, norm.residual.len() / up.in_features());
-                        feed_forward::feed_forward(up, bias, down, rows, m, norm)
-                    })
-                })?;
+                let bias = CpuF32::read(self.up_bias, "bias")?;
+                let norm = RowNormRead::read(x, params, eps)?;
+                let norm = norm.norm();
+                let (rows, m) = (norm.residual, norm.residual.len() / up.in_features());
+                let y = feed_forward::feed_forward(up, bias.values(), down, rows, m, norm);
                 return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
             }
         }
@@ -378,7 +376,7 @@ pub(crate) enum NormRef<'a> {
     Rms(&'a RmsNorm),
 }
 
-impl NormRef<'_> {
+impl<'a> NormRef<'a> {
     fn forward(self, x: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
         match self {
             NormRef::Layer(n) => n.forward(x, eps),
@@ -386,23 +384,33 @@ impl NormRef<'_> {
         }
     }
 
-    /// `f` with its weights as the CPU kernels take them ([`PreNorm`]), read in place:
-    /// [gamma; beta] for LayerNorm, the weight for RMSNorm.
-    fn with_cpu_params<R>(
-        self,
-        f: impl FnOnce(PreNorm) -> Result<R, ModelError>,
-    ) -> Result<R, ModelError> {
+    /// Its weights as the CPU kernels take them ([`PreNorm`]), read in place: [gamma;
+    /// beta] for LayerNorm, the weight for RMSNorm.
+    fn read_cpu(self) -> Result<NormRead<'a>, ModelError> {
         let t = match self {
             NormRef::Layer(n) => &n.gamma_beta,
             NormRef::Rms(n) => &n.weight,
         };
-        // `f`'s result rides inside the slice's: the outer `?` takes the slice's error.
-        kernels::with_cpu_f32(t, "norm weights", |p| {
-            Ok(f(match self {
-                NormRef::Layer(_) => PreNorm::Layer(p),
-                NormRef::Rms(_) => PreNorm::Rms(p),
-            }))
-        })?
+        let rms = matches!(self, NormRef::Rms(_));
+        Ok(NormRead {
+            params: CpuF32::read(t, "norm weights")?,
+            rms,
+        })
+    }
+}
+
+/// A [`NormRef`]'s weights, read in place ([`NormRef::read_cpu`]).
+struct NormRead<'a> {
+    params: CpuF32<'a>,
+    rms: bool,
+}
+
+impl NormRead<'_> {
+    fn pre_norm(&self) -> PreNorm<'_> {
+        match self.rms {
+            true => PreNorm::Rms(self.params.values()),
+            false => PreNorm::Layer(self.params.values()),
+        }
     }
 }
 
@@ -431,13 +439,10 @@ impl GatedFeedForward<'_> {
         ) {
             if kernels::cpu_f32(x) {
                 let m = x.elem_count() / up.in_features();
-                let y = self.norm.with_cpu_params(|norm| {
-                    Ok(kernels::with_cpu_f32(x, "feed-forward input", |x| {
-                        Ok(feed_forward::gated_feed_forward(
-                            norm, eps, up, gate, down, x, m,
-                        ))
-                    })?)
-                })?;
+                let norm = self.norm.read_cpu()?;
+                let x_in = CpuF32::read(x, "feed-forward input")?;
+                let (norm, rows) = (norm.pre_norm(), x_in.values());
+                let y = feed_forward::gated_feed_forward(norm, eps, up, gate, down, rows, m);
                 return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
             }
         }
@@ -446,28 +451,31 @@ impl GatedFeedForward<'_> {
     }
 }
 
-/// `f` with the [`RowNorm`] of a CPU f32 `residual` and its add-norm `params` ([bias;
-/// gamma; beta]), both read in place (the fused steps read the residual as their input
-/// too, through `norm.residual`).
-fn with_row_norm<R>(
-    residual: &Tensor,
-    params: &Tensor,
+/// A CPU f32 `residual` and its add-norm `params` ([bias; gamma; beta]), read in place
+/// for a [`RowNorm`] (the fused steps read the residual as their input too, through
+/// `norm.residual`).
+struct RowNormRead<'a> {
+    residual: CpuF32<'a>,
+    params: CpuF32<'a>,
     eps: f32,
-    f: impl FnOnce(RowNorm) -> R,
-) -> Result<R, ModelError> {
-    Ok(kernels::with_cpu_f32(
-        residual,
-        "add-norm residual",
-        |residual| {
-            kernels::with_cpu_f32(params, "add-norm params", |params| {
-                Ok(f(RowNorm {
-                    residual,
-                    params,
-                    eps,
-                }))
-            })
-        },
-    )?)
+}
+
+impl<'a> RowNormRead<'a> {
+    fn read(residual: &'a Tensor, params: &'a Tensor, eps: f32) -> Result<Self, ModelError> {
+        Ok(Self {
+            residual: CpuF32::read(residual, "add-norm residual")?,
+            params: CpuF32::read(params, "add-norm params")?,
+            eps,
+        })
+    }
+
+    fn norm(&self) -> RowNorm<'_> {
+        RowNorm {
+            residual: self.residual.values(),
+            params: self.params.values(),
+            eps: self.eps,
+        }
+    }
 }
 
 /// `norm(x)` for a CPU f32 `x`, by the kernel the fused CPU steps normalize with
@@ -475,32 +483,9 @@ fn with_row_norm<R>(
 /// text's vector is then the same whether or not its batch was big enough for the fused
 /// steps (`dense::fills_the_cores`).
 fn normalize_on_cpu(x: &Tensor, norm: NormRef, eps: f32) -> Result<Tensor, ModelError> {
-    let mut rows = kernels::with_cpu_f32(x, "norm input", |v| Ok(v.to_vec()))?;
-    norm.with_cpu_params(|p| {
-        p.apply(&mut rows, eps);
-        Ok(())
-    })?;
+    let mut rows = CpuF32::read(x, "norm input")?.values().to_vec();
+    norm.read_cpu()?.pre_norm().apply(&mut rows, eps);
     Ok(Tensor::from_vec(rows, x.dims(), x.device())?)
-}
-
-/// `f` with a CPU f32 bias read in place (the fused CPU paths take it as a slice).
-fn with_bias<R>(
-    bias: &Tensor,
-    f: impl FnOnce(&[f32]) -> Result<R, ModelError>,
-) -> Result<R, ModelError> {
-    // `f`'s result rides inside the slice's: the outer `?` takes the slice's error.
-    kernels::with_cpu_f32(bias, "bias", |b| Ok(f(b)))?
-}
-
-/// [`with_bias`] for a bias that may be absent.
-fn with_optional_bias<R>(
-    bias: Option<&Tensor>,
-    f: impl FnOnce(Option<&[f32]>) -> Result<R, ModelError>,
-) -> Result<R, ModelError> {
-    match bias {
-        Some(b) => with_bias(b, |b| f(Some(b))),
-        None => f(None),
-    }
 }
 
 /// A CPU kernel's product on the f32 tensor `x` (any leading dimensions), read in place:
@@ -514,7 +499,7 @@ fn cpu_product(
     let mut dims = x.dims().to_vec();
     let k = dims.last().copied().unwrap_or(1);
     let m = x.elem_count() / k.max(1);
-    let y = kernels::with_cpu_f32(&x, "dense input", |x| Ok(f(x, m)))?;
+    let y = f(CpuF32::read(&x, "dense input")?.values(), m);
     if let Some(last) = dims.last_mut() {
         *last = n;
     }

@@ -36,7 +36,8 @@ use self::{bert::Bert, modernbert::ModernBert, qwen3::Qwen3};
 use crate::{
     batcher::Row,
     config::{Arch, ModelConfig},
-    kernels, ModelError, Pooling,
+    kernels::{self, CpuF32},
+    ModelError, Pooling,
 };
 
 /// A loaded encoder of any family gpulane runs. Blocking: call it from an engine thread.
@@ -148,23 +149,22 @@ impl Packed {
     fn mean_on_cpu(&self, pooling: Pooling) -> Result<Tensor, ModelError> {
         let h = self.hidden.dim(1)?;
         let mut out = vec![0f32; self.lens.len() * h];
-        kernels::with_cpu_f32(&self.hidden, "pooled tokens", |x| {
-            let rows = self.starts.iter().zip(&self.lens).zip(&self.skips);
-            for (o, ((&s, &len), &skip)) in out.chunks_exact_mut(h).zip(rows) {
-                for token in x[(s + skip) * h..(s + len) * h].chunks_exact(h) {
-                    kernels::add_into(o, token);
-                }
-                // sentence-transformers clamps the count at 1e-9.
-                let count = ((len - skip) as f32).max(1e-9);
-                let by = if pooling == Pooling::Mean {
-                    count
-                } else {
-                    count.sqrt()
-                };
-                o.iter_mut().for_each(|v| *v /= by);
+        let x = CpuF32::read(&self.hidden, "pooled tokens")?;
+        let x = x.values();
+        let rows = self.starts.iter().zip(&self.lens).zip(&self.skips);
+        for (o, ((&s, &len), &skip)) in out.chunks_exact_mut(h).zip(rows) {
+            for token in x[(s + skip) * h..(s + len) * h].chunks_exact(h) {
+                kernels::add_into(o, token);
             }
-            Ok(())
-        })?;
+            // sentence-transformers clamps the count at 1e-9.
+            let count = ((len - skip) as f32).max(1e-9);
+            let by = if pooling == Pooling::Mean {
+                count
+            } else {
+                count.sqrt()
+            };
+            o.iter_mut().for_each(|v| *v /= by);
+        }
         Ok(Tensor::from_vec(
             out,
             (self.lens.len(), h),

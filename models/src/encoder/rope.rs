@@ -5,7 +5,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::layers::RmsNorm;
 use crate::{
-    kernels::{self, Heads},
+    kernels::{self, CpuF32, Heads},
     ModelError,
 };
 
@@ -68,9 +68,11 @@ pub(crate) fn rotate(
     heads: Heads,
 ) -> Result<Tensor, ModelError> {
     if [qkv, cos, sin].into_iter().all(kernels::cpu_f32) {
-        return Ok(kernels::with_cpu_f32(cos, "rope cos", |c| {
-            kernels::with_cpu_f32(sin, "rope sin", |s| kernels::rope(qkv, c, s, heads))
-        })?);
+        let (c, s) = (
+            CpuF32::read(cos, "rope cos")?,
+            CpuF32::read(sin, "rope sin")?,
+        );
+        return Ok(kernels::rope(qkv, c.values(), s.values(), heads)?);
     }
     rotate_by_ops(qkv, cos, sin, heads)
 }
@@ -87,11 +89,20 @@ pub(crate) fn rotate_qk_normed(
     eps: f32,
 ) -> Result<Tensor, ModelError> {
     if [qkv, cos, sin].into_iter().all(kernels::cpu_f32) {
-        return Ok(kernels::with_cpu_f32(cos, "rope cos", |c| {
-            kernels::with_cpu_f32(sin, "rope sin", |s| {
-                kernels::qk_norm_rope(qkv, &q_norm.weight, &k_norm.weight, c, s, heads, eps)
-            })
-        })?);
+        let (c, s) = (
+            CpuF32::read(cos, "rope cos")?,
+            CpuF32::read(sin, "rope sin")?,
+        );
+        let (qw, kw) = (&q_norm.weight, &k_norm.weight);
+        return Ok(kernels::qk_norm_rope(
+            qkv,
+            qw,
+            kw,
+            c.values(),
+            s.values(),
+            heads,
+            eps,
+        )?);
     }
     qk_norm_rope_by_ops(qkv, (q_norm, k_norm), cos, sin, heads, eps)
 }
