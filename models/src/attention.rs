@@ -568,6 +568,135 @@ mod tests {
         assert!(same_bits(&one, &four));
     }
 
+    /// Qwen3's block carried through per task gives its steps' bits: RMSNorm, QKV without
+    /// biases over grouped heads (two query heads a K/V head), each Q and K head
+    /// RMS-normalized and rotated, causal attention, the output projection, the residual.
+    #[test]
+    fn the_qwen3_block_gives_the_steps_bits() {
+        if !runs_here() {
+            eprintln!("no AVX2 on this CPU: panel attention does not run here");
+            return;
+        }
+        let mut seed = 13;
+        let (hidden, heads) = (64, GROUPED);
+        let (width, half) = (heads.qkv_width(), heads.d / 2);
+        let block_in = Qwen3Block::new(&[100, 3, 250, 0, 40, 97], &mut seed);
+        let Qwen3Block { x, lens, .. } = &block_in;
+        let m: usize = lens.iter().sum();
+        let (qw, kw, eps) = (&block_in.q_norm[..], &block_in.k_norm[..], 1e-6);
+        let mut normed = x.clone();
+        PreNorm::Rms(&block_in.norm).apply(&mut normed, eps);
+        let mut mixed = block_in.qkv.forward(&normed, m, Epilogue::None);
+        let angles = block_in.cos.chunks(half).zip(block_in.sin.chunks(half));
+        for (row, (c, s)) in mixed.chunks_exact_mut(width).zip(angles) {
+            qk_norm_rope_row(row, qw, kw, c, s, heads, eps);
+        }
+        let ctx = sequences(&mixed, lens, heads, Keys::Causal);
+        let mut want = block_in.out.forward(&ctx, m, Epilogue::None);
+        add_into(&mut want, x);
+        drop(std::hint::black_box(vec![f32::NAN; m * hidden]));
+        let got = pool(1).install(|| block_in.run()).expect("three tasks");
+        assert!(
+            same_bits(&got, &want),
+            "the block's bits differ from the steps'"
+        );
+    }
+
+    /// Both pre-norm blocks, ModernBERT's (windowed, then global) and Qwen3's (causal,
+    /// per-head norms, grouped heads), give on four threads at once (twelve tasks, one
+    /// sequence each) the bits they give on one, which the tests above hold to the steps.
+    #[test]
+    fn the_pre_norm_blocks_give_the_same_bits_on_four_threads() {
+        if !runs_here() {
+            return;
+        }
+        let mut seed = 17;
+        let lens: Vec<usize> = (0..12).map(|i| 96 + 7 * i).collect();
+        let qwen3 = Qwen3Block::new(&lens, &mut seed);
+        let on = |threads: usize| pool(threads).install(|| qwen3.run()).expect("enough tasks");
+        assert!(same_bits(&on(1), &on(4)), "Qwen3's block");
+
+        let (hidden, half) = (64, HEADS.d / 2);
+        let (qkv, out, qkv_bias, _) = weights(&mut seed);
+        let out_bias = values(hidden, &mut seed);
+        let gamma_beta = values(2 * hidden, &mut seed);
+        let w = BlockWeights {
+            qkv: &qkv,
+            qkv_bias: Some(&qkv_bias),
+            out: &out,
+            out_bias: Some(&out_bias),
+        };
+        let m: usize = lens.iter().sum();
+        let x = values(m * hidden, &mut seed);
+        let (cos, sin) = (values(m * half, &mut seed), values(m * half, &mut seed));
+        for keys in [Keys::Window(5), Keys::Row] {
+            let around = Around::PreNorm {
+                norm: Some((PreNorm::Layer(&gamma_beta), 1e-5)),
+                qk_norm: None,
+                cos: &cos,
+                sin: &sin,
+            };
+            let on = |threads: usize| {
+                pool(threads)
+                    .install(|| block(w, &x, &lens, HEADS, keys, around))
+                    .expect("enough tasks")
+            };
+            assert!(same_bits(&on(1), &on(4)), "ModernBERT's block, {keys:?}");
+        }
+    }
+
+    /// Two query heads of 32 sharing one K/V head, as Qwen3 groups them.
+    const GROUPED: Heads = Heads { q: 2, kv: 1, d: 32 };
+
+    /// A Qwen3-shaped block at `hidden` = 64 ([`GROUPED`] heads, no biases) and its rows.
+    struct Qwen3Block {
+        qkv: PackedLinear,
+        out: PackedLinear,
+        norm: Vec<f32>,
+        q_norm: Vec<f32>,
+        k_norm: Vec<f32>,
+        x: Vec<f32>,
+        cos: Vec<f32>,
+        sin: Vec<f32>,
+        lens: Vec<usize>,
+    }
+
+    impl Qwen3Block {
+        fn new(lens: &[usize], seed: &mut u64) -> Self {
+            let (hidden, heads) = (64, GROUPED);
+            let (width, m) = (heads.qkv_width(), lens.iter().sum::<usize>());
+            let h = heads.q * heads.d;
+            Self {
+                qkv: PackedLinear::new(&values(hidden * width, seed), hidden, width),
+                out: PackedLinear::new(&values(h * hidden, seed), h, hidden),
+                norm: values(hidden, seed),
+                q_norm: values(heads.d, seed),
+                k_norm: values(heads.d, seed),
+                x: values(m * hidden, seed),
+                cos: values(m * heads.d / 2, seed),
+                sin: values(m * heads.d / 2, seed),
+                lens: lens.to_vec(),
+            }
+        }
+
+        /// [`block`] on these rows, on the calling pool.
+        fn run(&self) -> Option<Vec<f32>> {
+            let w = BlockWeights {
+                qkv: &self.qkv,
+                qkv_bias: None,
+                out: &self.out,
+                out_bias: None,
+            };
+            let around = Around::PreNorm {
+                norm: Some((PreNorm::Rms(&self.norm), 1e-6)),
+                qk_norm: Some((&self.q_norm, &self.k_norm, 1e-6)),
+                cos: &self.cos,
+                sin: &self.sin,
+            };
+            block(w, &self.x, &self.lens, GROUPED, Keys::Causal, around)
+        }
+    }
+
     /// [`block`] on fresh rows of `lens`.
     fn block_on(
         w: BlockWeights,
