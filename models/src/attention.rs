@@ -412,6 +412,17 @@ mod tests {
         )
     }
 
+    /// BERT's block over [`weights`]: QKV with its bias, the output without (the add-norm's
+    /// params carry its bias).
+    fn bert_weights(w: &(PackedLinear, PackedLinear, Vec<f32>, Vec<f32>)) -> BlockWeights<'_> {
+        BlockWeights {
+            qkv: &w.0,
+            qkv_bias: Some(&w.2),
+            out: &w.1,
+            out_bias: None,
+        }
+    }
+
     const HEADS: Heads = Heads { q: 2, kv: 2, d: 32 };
 
     /// The attention step apart: each of `lens`' sequences of the packed `mixed` QKV rows
@@ -446,23 +457,18 @@ mod tests {
         pool(1).install(|| {
             let mut seed = 5;
             let (hidden, heads) = (64, HEADS);
-            let (qkv, out, qkv_bias, params) = weights(&mut seed);
-            let w = BlockWeights {
-                qkv: &qkv,
-                qkv_bias: Some(&qkv_bias),
-                out: &out,
-                out_bias: None,
-            };
-            assert!(block_on(w, &[5, 7], heads, &params, &mut seed).is_none());
+            let bert = weights(&mut seed);
+            let (w, (qkv, out, qkv_bias, params)) = (bert_weights(&bert), &bert);
+            assert!(block_on(w, &[5, 7], heads, params, &mut seed).is_none());
             let lens = [100, 3, 250, 0, 40, 97];
             let m: usize = lens.iter().sum();
             let x = values(m * hidden, &mut seed);
             let norm = RowNorm {
                 residual: &x,
-                params: &params,
+                params,
                 eps: 1e-12,
             };
-            let mixed = qkv.forward(&x, m, Epilogue::Bias(&qkv_bias));
+            let mixed = qkv.forward(&x, m, Epilogue::Bias(qkv_bias));
             let ctx = sequences(&mixed, &lens, heads, Keys::Row);
             let want = out.forward_norm(&ctx, m, norm);
             // Poison what the output may reuse, so a value left unwritten fails.
@@ -479,59 +485,34 @@ mod tests {
         });
     }
 
-    /// The pre-norm block (ModernBERT's) carried through per task gives its steps' bits:
-    /// the LayerNorm, QKV with its bias, RoPE at each token's angles, each sequence's
-    /// attention under a window of 5 and with every key, the output projection with its
-    /// bias, the residual. With and without the norm (ModernBERT's first layer has none).
+    /// The pre-norm blocks carried through per task give their steps' bits (see
+    /// [`PreNormCase::steps`]). ModernBERT's under a window of 5 and with every key, with
+    /// and without the norm (its first layer has none); Qwen3's with causal keys.
     #[test]
-    fn the_pre_norm_block_gives_the_steps_bits() {
+    fn the_pre_norm_blocks_give_the_steps_bits() {
         if !runs_here() {
             eprintln!("no AVX2 on this CPU: panel attention does not run here");
             return;
         }
+        let mut seed = 11;
+        let lens = [100, 3, 250, 0, 40, 97];
+        let modernbert = PreNormCase::modernbert(&lens, &mut seed);
+        let qwen3 = PreNormCase::qwen3(&lens, &mut seed);
+        let cases = [
+            (&modernbert, true, Keys::Window(5)),
+            (&modernbert, true, Keys::Row),
+            (&modernbert, false, Keys::Window(5)),
+            (&modernbert, false, Keys::Row),
+            (&qwen3, true, Keys::Causal),
+        ];
         pool(1).install(|| {
-            let mut seed = 11;
-            let (hidden, heads) = (64, HEADS);
-            let (width, half) = (heads.qkv_width(), heads.d / 2);
-            let (qkv, out, qkv_bias, _) = weights(&mut seed);
-            let out_bias = values(hidden, &mut seed);
-            let gamma_beta = values(2 * hidden, &mut seed);
-            let w = BlockWeights {
-                qkv: &qkv,
-                qkv_bias: Some(&qkv_bias),
-                out: &out,
-                out_bias: Some(&out_bias),
-            };
-            let lens = [100, 3, 250, 0, 40, 97];
-            let m: usize = lens.iter().sum();
-            let x = values(m * hidden, &mut seed);
-            let cos = values(m * half, &mut seed);
-            let sin = values(m * half, &mut seed);
-            for norm in [Some((PreNorm::Layer(&gamma_beta), 1e-5)), None] {
-                for keys in [Keys::Window(5), Keys::Row] {
-                    let mut normed = x.clone();
-                    if let Some((n, eps)) = norm {
-                        n.apply(&mut normed, eps);
-                    }
-                    let mut mixed = qkv.forward(&normed, m, Epilogue::Bias(&qkv_bias));
-                    let angles = cos.chunks(half).zip(sin.chunks(half));
-                    for (row, (c, s)) in mixed.chunks_exact_mut(width).zip(angles) {
-                        rope_row(row, c, s, heads);
-                    }
-                    let ctx = sequences(&mixed, &lens, heads, keys);
-                    let mut want = out.forward(&ctx, m, Epilogue::Bias(&out_bias));
-                    add_into(&mut want, &x);
-                    drop(std::hint::black_box(vec![f32::NAN; m * hidden]));
-                    let around = Around::PreNorm {
-                        norm,
-                        qk_norm: None,
-                        cos: &cos,
-                        sin: &sin,
-                    };
-                    let got = block(w, &x, &lens, heads, keys, around).expect("three tasks");
-                    let same = same_bits(&got, &want);
-                    assert!(same, "{keys:?}, norm {}: bits differ", norm.is_some());
-                }
+            for (case, norm, keys) in cases {
+                let want = case.steps(norm, keys);
+                // Poison what the output may reuse, so a value left unwritten fails.
+                drop(std::hint::black_box(vec![f32::NAN; want.len()]));
+                let got = case.run(norm, keys).expect("three tasks");
+                let same = same_bits(&got, &want);
+                assert!(same, "{:?}, {keys:?}, norm {norm}: bits differ", case.heads);
             }
         });
     }
@@ -545,18 +526,13 @@ mod tests {
         }
         let mut seed = 8;
         let (hidden, heads) = (64, HEADS);
-        let (qkv, out, qkv_bias, params) = weights(&mut seed);
-        let w = BlockWeights {
-            qkv: &qkv,
-            qkv_bias: Some(&qkv_bias),
-            out: &out,
-            out_bias: None,
-        };
+        let bert = weights(&mut seed);
+        let (w, params) = (bert_weights(&bert), &bert.3);
         let lens: Vec<usize> = (0..12).map(|i| 96 + 7 * i).collect();
         let x = values(lens.iter().sum::<usize>() * hidden, &mut seed);
         let norm = RowNorm {
             residual: &x,
-            params: &params,
+            params,
             eps: 1e-12,
         };
         let on = |threads: usize| {
@@ -568,43 +544,9 @@ mod tests {
         assert!(same_bits(&one, &four));
     }
 
-    /// Qwen3's block carried through per task gives its steps' bits: RMSNorm, QKV without
-    /// biases over grouped heads (two query heads a K/V head), each Q and K head
-    /// RMS-normalized and rotated, causal attention, the output projection, the residual.
-    #[test]
-    fn the_qwen3_block_gives_the_steps_bits() {
-        if !runs_here() {
-            eprintln!("no AVX2 on this CPU: panel attention does not run here");
-            return;
-        }
-        let mut seed = 13;
-        let (hidden, heads) = (64, GROUPED);
-        let (width, half) = (heads.qkv_width(), heads.d / 2);
-        let block_in = Qwen3Block::new(&[100, 3, 250, 0, 40, 97], &mut seed);
-        let Qwen3Block { x, lens, .. } = &block_in;
-        let m: usize = lens.iter().sum();
-        let (qw, kw, eps) = (&block_in.q_norm[..], &block_in.k_norm[..], 1e-6);
-        let mut normed = x.clone();
-        PreNorm::Rms(&block_in.norm).apply(&mut normed, eps);
-        let mut mixed = block_in.qkv.forward(&normed, m, Epilogue::None);
-        let angles = block_in.cos.chunks(half).zip(block_in.sin.chunks(half));
-        for (row, (c, s)) in mixed.chunks_exact_mut(width).zip(angles) {
-            qk_norm_rope_row(row, qw, kw, c, s, heads, eps);
-        }
-        let ctx = sequences(&mixed, lens, heads, Keys::Causal);
-        let mut want = block_in.out.forward(&ctx, m, Epilogue::None);
-        add_into(&mut want, x);
-        drop(std::hint::black_box(vec![f32::NAN; m * hidden]));
-        let got = pool(1).install(|| block_in.run()).expect("three tasks");
-        assert!(
-            same_bits(&got, &want),
-            "the block's bits differ from the steps'"
-        );
-    }
-
     /// Both pre-norm blocks, ModernBERT's (windowed, then global) and Qwen3's (causal,
     /// per-head norms, grouped heads), give on four threads at once (twelve tasks, one
-    /// sequence each) the bits they give on one, which the tests above hold to the steps.
+    /// sequence each) the bits they give on one, which the test above holds to the steps.
     #[test]
     fn the_pre_norm_blocks_give_the_same_bits_on_four_threads() {
         if !runs_here() {
@@ -612,88 +554,154 @@ mod tests {
         }
         let mut seed = 17;
         let lens: Vec<usize> = (0..12).map(|i| 96 + 7 * i).collect();
-        let qwen3 = Qwen3Block::new(&lens, &mut seed);
-        let on = |threads: usize| pool(threads).install(|| qwen3.run()).expect("enough tasks");
-        assert!(same_bits(&on(1), &on(4)), "Qwen3's block");
-
-        let (hidden, half) = (64, HEADS.d / 2);
-        let (qkv, out, qkv_bias, _) = weights(&mut seed);
-        let out_bias = values(hidden, &mut seed);
-        let gamma_beta = values(2 * hidden, &mut seed);
-        let w = BlockWeights {
-            qkv: &qkv,
-            qkv_bias: Some(&qkv_bias),
-            out: &out,
-            out_bias: Some(&out_bias),
-        };
-        let m: usize = lens.iter().sum();
-        let x = values(m * hidden, &mut seed);
-        let (cos, sin) = (values(m * half, &mut seed), values(m * half, &mut seed));
-        for keys in [Keys::Window(5), Keys::Row] {
-            let around = Around::PreNorm {
-                norm: Some((PreNorm::Layer(&gamma_beta), 1e-5)),
-                qk_norm: None,
-                cos: &cos,
-                sin: &sin,
-            };
+        let modernbert = PreNormCase::modernbert(&lens, &mut seed);
+        let qwen3 = PreNormCase::qwen3(&lens, &mut seed);
+        let cases = [
+            (&modernbert, Keys::Window(5)),
+            (&modernbert, Keys::Row),
+            (&qwen3, Keys::Causal),
+        ];
+        for (case, keys) in cases {
             let on = |threads: usize| {
                 pool(threads)
-                    .install(|| block(w, &x, &lens, HEADS, keys, around))
+                    .install(|| case.run(true, keys))
                     .expect("enough tasks")
             };
-            assert!(same_bits(&on(1), &on(4)), "ModernBERT's block, {keys:?}");
+            assert!(same_bits(&on(1), &on(4)), "{:?}, {keys:?}", case.heads);
         }
     }
 
     /// Two query heads of 32 sharing one K/V head, as Qwen3 groups them.
     const GROUPED: Heads = Heads { q: 2, kv: 1, d: 32 };
 
-    /// A Qwen3-shaped block at `hidden` = 64 ([`GROUPED`] heads, no biases) and its rows.
-    struct Qwen3Block {
+    /// A pre-norm block at `hidden` = 64 and its rows, in ModernBERT's shape (LayerNorm,
+    /// biases, [`HEADS`]) or Qwen3's (RMSNorm, per-head q/k RMSNorm, no biases,
+    /// [`GROUPED`] heads).
+    struct PreNormCase {
+        heads: Heads,
         qkv: PackedLinear,
         out: PackedLinear,
+        /// QKV's and the output's.
+        biases: Option<(Vec<f32>, Vec<f32>)>,
+        /// [gamma; beta] (ModernBERT) or the RMSNorm weight (Qwen3).
         norm: Vec<f32>,
-        q_norm: Vec<f32>,
-        k_norm: Vec<f32>,
+        qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+        eps: f32,
         x: Vec<f32>,
         cos: Vec<f32>,
         sin: Vec<f32>,
         lens: Vec<usize>,
     }
 
-    impl Qwen3Block {
-        fn new(lens: &[usize], seed: &mut u64) -> Self {
-            let (hidden, heads) = (64, GROUPED);
-            let (width, m) = (heads.qkv_width(), lens.iter().sum::<usize>());
-            let h = heads.q * heads.d;
+    impl PreNormCase {
+        fn modernbert(lens: &[usize], seed: &mut u64) -> Self {
+            let (qkv, out, qkv_bias, _) = weights(seed);
+            let out_bias = values(64, seed);
+            let norm = values(2 * 64, seed);
+            Self::with_rows(
+                HEADS,
+                (qkv, out),
+                Some((qkv_bias, out_bias)),
+                norm,
+                None,
+                lens,
+                seed,
+            )
+        }
+
+        fn qwen3(lens: &[usize], seed: &mut u64) -> Self {
+            let (heads, hidden) = (GROUPED, 64);
+            let (width, h) = (heads.qkv_width(), heads.q * heads.d);
+            let qkv = PackedLinear::new(&values(hidden * width, seed), hidden, width);
+            let out = PackedLinear::new(&values(h * hidden, seed), h, hidden);
+            let norm = values(hidden, seed);
+            let qk_norm = Some((values(heads.d, seed), values(heads.d, seed)));
+            Self::with_rows(heads, (qkv, out), None, norm, qk_norm, lens, seed)
+        }
+
+        fn with_rows(
+            heads: Heads,
+            (qkv, out): (PackedLinear, PackedLinear),
+            biases: Option<(Vec<f32>, Vec<f32>)>,
+            norm: Vec<f32>,
+            qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+            lens: &[usize],
+            seed: &mut u64,
+        ) -> Self {
+            let m: usize = lens.iter().sum();
+            let eps = if qk_norm.is_some() { 1e-6 } else { 1e-5 };
             Self {
-                qkv: PackedLinear::new(&values(hidden * width, seed), hidden, width),
-                out: PackedLinear::new(&values(h * hidden, seed), h, hidden),
-                norm: values(hidden, seed),
-                q_norm: values(heads.d, seed),
-                k_norm: values(heads.d, seed),
-                x: values(m * hidden, seed),
+                x: values(m * qkv.in_features(), seed),
                 cos: values(m * heads.d / 2, seed),
                 sin: values(m * heads.d / 2, seed),
                 lens: lens.to_vec(),
+                heads,
+                qkv,
+                out,
+                biases,
+                norm,
+                qk_norm,
+                eps,
             }
         }
 
+        /// Its norm as the block takes it, or none.
+        fn pre_norm(&self, norm: bool) -> Option<(PreNorm<'_>, f32)> {
+            let n = match self.qk_norm {
+                Some(_) => PreNorm::Rms(&self.norm),
+                None => PreNorm::Layer(&self.norm),
+            };
+            norm.then_some((n, self.eps))
+        }
+
+        fn epilogue(&self, bias: impl Fn(&(Vec<f32>, Vec<f32>)) -> &Vec<f32>) -> Epilogue<'_> {
+            self.biases
+                .as_ref()
+                .map_or(Epilogue::None, |b| Epilogue::Bias(bias(b)))
+        }
+
         /// [`block`] on these rows, on the calling pool.
-        fn run(&self) -> Option<Vec<f32>> {
+        fn run(&self, norm: bool, keys: Keys) -> Option<Vec<f32>> {
             let w = BlockWeights {
                 qkv: &self.qkv,
-                qkv_bias: None,
+                qkv_bias: self.biases.as_ref().map(|b| &b.0[..]),
                 out: &self.out,
-                out_bias: None,
+                out_bias: self.biases.as_ref().map(|b| &b.1[..]),
             };
             let around = Around::PreNorm {
-                norm: Some((PreNorm::Rms(&self.norm), 1e-6)),
-                qk_norm: Some((&self.q_norm, &self.k_norm, 1e-6)),
+                norm: self.pre_norm(norm),
+                qk_norm: self
+                    .qk_norm
+                    .as_ref()
+                    .map(|(q, k)| (&q[..], &k[..], self.eps)),
                 cos: &self.cos,
                 sin: &self.sin,
             };
-            block(w, &self.x, &self.lens, GROUPED, Keys::Causal, around)
+            block(w, &self.x, &self.lens, self.heads, keys, around)
+        }
+
+        /// The steps apart: the norm, QKV with its bias, each Q and K head normalized
+        /// (Qwen3) and rotated at its token's angles, each sequence's attention, the
+        /// output projection with its bias, the residual.
+        fn steps(&self, norm: bool, keys: Keys) -> Vec<f32> {
+            let (heads, m) = (self.heads, self.lens.iter().sum());
+            let (width, half) = (heads.qkv_width(), heads.d / 2);
+            let mut normed = self.x.clone();
+            if let Some((n, eps)) = self.pre_norm(norm) {
+                n.apply(&mut normed, eps);
+            }
+            let mut mixed = self.qkv.forward(&normed, m, self.epilogue(|b| &b.0));
+            let angles = self.cos.chunks(half).zip(self.sin.chunks(half));
+            for (row, (c, s)) in mixed.chunks_exact_mut(width).zip(angles) {
+                match &self.qk_norm {
+                    Some((q, k)) => qk_norm_rope_row(row, q, k, c, s, heads, self.eps),
+                    None => rope_row(row, c, s, heads),
+                }
+            }
+            let ctx = sequences(&mixed, &self.lens, heads, keys);
+            let mut out = self.out.forward(&ctx, m, self.epilogue(|b| &b.1));
+            add_into(&mut out, &self.x);
+            out
         }
     }
 
