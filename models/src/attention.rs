@@ -14,7 +14,8 @@
 //! [`block`] runs a whole attention block per task of whole sequences on one thread, so
 //! the intermediate rows stay in that core's cache: BERT's (QKV product, attention, output
 //! product, add-norm) and the pre-norm families' (norm, QKV product, RoPE, attention,
-//! output product, residual: ModernBERT's).
+//! output product, residual: ModernBERT's, and Qwen3's with each Q and K head
+//! RMS-normalized before its rotation).
 
 use std::{cell::RefCell, mem::MaybeUninit};
 
@@ -546,7 +547,8 @@ mod tests {
 
     /// Both pre-norm blocks, ModernBERT's (windowed, then global) and Qwen3's (causal,
     /// per-head norms, grouped heads), give on four threads at once (twelve tasks, one
-    /// sequence each) the bits they give on one, which the test above holds to the steps.
+    /// sequence each) the bits they give on one, which
+    /// `the_pre_norm_blocks_give_the_steps_bits` holds to the steps.
     #[test]
     fn the_pre_norm_blocks_give_the_same_bits_on_four_threads() {
         if !runs_here() {
@@ -571,12 +573,15 @@ mod tests {
         }
     }
 
-    /// Two query heads of 32 sharing one K/V head, as Qwen3 groups them.
-    const GROUPED: Heads = Heads { q: 2, kv: 1, d: 32 };
+    /// Four query heads of 32, two to each K/V head, as Qwen3 groups them: their context
+    /// (128 wide) is wider than the hidden size (64), as Qwen3's is, so a block that took
+    /// one width for the other fails.
+    const GROUPED: Heads = Heads { q: 4, kv: 2, d: 32 };
 
-    /// A pre-norm block at `hidden` = 64 and its rows, in ModernBERT's shape (LayerNorm,
-    /// biases, [`HEADS`]) or Qwen3's (RMSNorm, per-head q/k RMSNorm, no biases,
-    /// [`GROUPED`] heads).
+    /// A pre-norm block at `hidden` = 64 and its rows, in ModernBERT's shape (LayerNorm at
+    /// eps 1e-5, [`HEADS`], and biases, which real ModernBERTs mostly lack, so the bias
+    /// path is covered) or Qwen3's, the one with q/k norms (RMSNorm and the per-head q/k
+    /// RMSNorm at eps 1e-6, no biases, [`GROUPED`] heads).
     struct PreNormCase {
         heads: Heads,
         qkv: PackedLinear,

@@ -1157,7 +1157,10 @@ pub(crate) fn cpu_f32(t: &Tensor) -> bool {
 /// A contiguous CPU f32 tensor's values, read in place: its storage's read lock and the
 /// range its layout covers. A fused step that reads several tensors holds one each, named
 /// one after another, instead of nesting a closure per tensor; the lock keeps the storage
-/// as `read` found it for as long as the values are borrowed.
+/// as `read` found it for as long as the values are borrowed. It is candle's non-recursive
+/// read lock: two reads of one storage on one thread could wait on each other behind a
+/// queued writer. Nothing in gpulane writes to a tensor in place, and the tensors read
+/// together are separate allocations.
 pub(crate) struct CpuF32<'a> {
     storage: candle_core::StorageRef<'a>,
     range: std::ops::Range<usize>,
