@@ -2,7 +2,7 @@
 //! rows through both dense layers (and the norm and residual around them) while they sit
 //! in its core's cache: BERT's post-norm `norm(GELU(x · up + b) · down + x)`
 //! ([`feed_forward`]) and the pre-norm gated `x + down(act(norm(x) · up))` of ModernBERT
-//! and Qwen3 ([`gated_feed_forward`]). The intermediate rows go to buffers of the thread's
+//! and Qwen3 ([`Gated`]). The intermediate rows go to buffers of the thread's
 //! instead of out to the layer's widest tensors and back. Batches too short to give every
 //! thread tasks of whole rows run the same steps apart, so either way the same bits.
 
@@ -161,90 +161,90 @@ impl PreNorm<'_> {
 /// take 1 MiB, within a core's L2), instead of through four `[m, ·]` tensors and a
 /// separate norm and add. A batch too short for tasks of whole rows runs the same steps
 /// apart, each over all rows: the same bits.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn gated_feed_forward(
-    norm: PreNorm,
-    eps: f32,
-    up: &PackedLinear,
-    gate: GatedRow,
-    down: &PackedLinear,
-    x: &[f32],
-    m: usize,
-) -> Vec<f32> {
-    gated_feed_forward_on(cpu_isa(), norm, eps, up, gate, down, x, m)
+#[derive(Clone, Copy)]
+pub(crate) struct Gated<'a> {
+    pub(crate) norm: PreNorm<'a>,
+    pub(crate) eps: f32,
+    pub(crate) up: &'a PackedLinear,
+    pub(crate) gate: GatedRow,
+    pub(crate) down: &'a PackedLinear,
 }
 
-/// [`gated_feed_forward`] on the route of `isa` (tests run each one the CPU has).
-#[allow(clippy::too_many_arguments)]
-fn gated_feed_forward_on(
-    isa: CpuIsa,
-    norm: PreNorm,
-    eps: f32,
-    up: &PackedLinear,
-    gate: GatedRow,
-    down: &PackedLinear,
-    x: &[f32],
-    m: usize,
-) -> Vec<f32> {
-    let (k, two_i, n) = (up.in_features(), up.out_features(), down.out_features());
-    let i = two_i / 2;
-    assert!(
-        two_i % 2 == 0 && down.in_features() == i && n == k && norm.width() == k,
-        "a gated feed-forward of [{k}, {two_i}] then [{}, {n}], norm over {}",
-        down.in_features(),
-        norm.width()
-    );
-    assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
-    let row_tasks = m.div_ceil(ROWS_PER_TASK);
-    if !fills_the_cores(row_tasks) {
-        let mut normed = x.to_vec();
-        normed
-            .par_chunks_mut(k * kernels::ROWS_PER_TASK)
-            .for_each(|rows| norm.apply(rows, eps));
-        let mid = up.forward_on(isa, &normed, m, Epilogue::None, None);
-        let gated = kernels::gated_rows(&mid, two_i, gate);
-        let mut y = down.forward_on(isa, &gated, m, Epilogue::None, None);
-        y.par_chunks_mut(n * kernels::ROWS_PER_TASK)
-            .zip(x.par_chunks(n * kernels::ROWS_PER_TASK))
-            .for_each(|(y, x)| add_into(y, x));
-        return y;
+impl Gated<'_> {
+    /// The layer and its residual on `m` rows `x`.
+    pub(crate) fn forward(self, x: &[f32], m: usize) -> Vec<f32> {
+        self.forward_on(cpu_isa(), x, m)
     }
-    // Not zeroed first: the tiles write every output.
-    let mut y: Vec<f32> = Vec::with_capacity(m * n);
-    let out = Dst(y.as_mut_ptr());
-    (0..row_tasks).into_par_iter().for_each(|rt| {
-        let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
-        let count = rows.len();
-        let x = &x[rows.start * k..rows.end * k];
-        INTERMEDIATE.with_borrow_mut(|s| {
-            let Scratch { mid, normed, gated } = s;
-            let normed = at_least(normed, count * k);
-            normed.copy_from_slice(x);
-            norm.apply(normed, eps);
-            let mid = at_least(mid, count * two_i);
-            let gated = at_least(gated, count * i);
-            // SAFETY: `panel_fn` checked the CPU has the route's features. The task reads
-            // its own buffers, sized above, and writes every panel of its own rows of `y`
-            // (m × n), which no other task touches. Nothing in the products calls into
-            // rayon, so no other task runs on this thread while the buffers are borrowed.
-            unsafe {
-                let (none, mp) = (Epilogue::None, mid.as_mut_ptr());
-                up.rows_into_on(isa, normed.as_ptr(), k, count, mp, two_i, none);
-                for (g, mid) in gated.chunks_exact_mut(i).zip(mid.chunks_exact(two_i)) {
-                    gate(mid, g);
+
+    /// [`Gated::forward`] on the route of `isa` (tests run each one the CPU has).
+    fn forward_on(self, isa: CpuIsa, x: &[f32], m: usize) -> Vec<f32> {
+        let Gated {
+            norm,
+            eps,
+            up,
+            gate,
+            down,
+        } = self;
+        let (k, two_i, n) = (up.in_features(), up.out_features(), down.out_features());
+        let i = two_i / 2;
+        assert!(
+            two_i % 2 == 0 && down.in_features() == i && n == k && norm.width() == k,
+            "a gated feed-forward of [{k}, {two_i}] then [{}, {n}], norm over {}",
+            down.in_features(),
+            norm.width()
+        );
+        assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
+        let row_tasks = m.div_ceil(ROWS_PER_TASK);
+        if !fills_the_cores(row_tasks) {
+            let mut normed = x.to_vec();
+            normed
+                .par_chunks_mut(k * kernels::ROWS_PER_TASK)
+                .for_each(|rows| norm.apply(rows, eps));
+            let mid = up.forward_on(isa, &normed, m, Epilogue::None, None);
+            let gated = kernels::gated_rows(&mid, two_i, gate);
+            let mut y = down.forward_on(isa, &gated, m, Epilogue::None, None);
+            y.par_chunks_mut(n * kernels::ROWS_PER_TASK)
+                .zip(x.par_chunks(n * kernels::ROWS_PER_TASK))
+                .for_each(|(y, x)| add_into(y, x));
+            return y;
+        }
+        // Not zeroed first: the tiles write every output.
+        let mut y: Vec<f32> = Vec::with_capacity(m * n);
+        let out = Dst(y.as_mut_ptr());
+        (0..row_tasks).into_par_iter().for_each(|rt| {
+            let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
+            let count = rows.len();
+            let x = &x[rows.start * k..rows.end * k];
+            INTERMEDIATE.with_borrow_mut(|s| {
+                let Scratch { mid, normed, gated } = s;
+                let normed = at_least(normed, count * k);
+                normed.copy_from_slice(x);
+                norm.apply(normed, eps);
+                let mid = at_least(mid, count * two_i);
+                let gated = at_least(gated, count * i);
+                // SAFETY: `panel_fn` checked the CPU has the route's features. The task reads
+                // its own buffers, sized above, and writes every panel of its own rows of `y`
+                // (m × n), which no other task touches. Nothing in the products calls into
+                // rayon, so no other task runs on this thread while the buffers are borrowed.
+                unsafe {
+                    let (none, mp) = (Epilogue::None, mid.as_mut_ptr());
+                    up.rows_into_on(isa, normed.as_ptr(), k, count, mp, two_i, none);
+                    for (g, mid) in gated.chunks_exact_mut(i).zip(mid.chunks_exact(two_i)) {
+                        gate(mid, g);
+                    }
+                    let y = out.at(rows.start * n);
+                    down.rows_into_on(isa, gated.as_ptr(), i, count, y, n, none);
                 }
-                let y = out.at(rows.start * n);
-                down.rows_into_on(isa, gated.as_ptr(), i, count, y, n, none);
-            }
+            });
+            // SAFETY: this task's rows, every output of which it has just stored; no other
+            // task touches them.
+            let own = unsafe { std::slice::from_raw_parts_mut(out.at(rows.start * n), count * n) };
+            add_into(own, x);
         });
-        // SAFETY: this task's rows, every output of which it has just stored; no other
-        // task touches them.
-        let own = unsafe { std::slice::from_raw_parts_mut(out.at(rows.start * n), count * n) };
-        add_into(own, x);
-    });
-    // SAFETY: the tasks cover every row, and each stores every column of its rows.
-    unsafe { y.set_len(m * n) };
-    y
+        // SAFETY: the tasks cover every row, and each stores every column of its rows.
+        unsafe { y.set_len(m * n) };
+        y
+    }
 }
 
 #[cfg(test)]
@@ -329,8 +329,14 @@ mod tests {
                     for norm in [PreNorm::Layer(&gamma_beta), PreNorm::Rms(&weight)] {
                         for (gate, gate64) in gates {
                             drop(std::hint::black_box(vec![f32::NAN; m * k]));
-                            let got =
-                                gated_feed_forward_on(isa, norm, 1e-5, &up, gate, &down, &x, m);
+                            let layer = Gated {
+                                norm,
+                                eps: 1e-5,
+                                up: &up,
+                                gate,
+                                down: &down,
+                            };
+                            let got = layer.forward_on(isa, &x, m);
                             let want = layer64(norm, &up_w, gate64, &down_w, &x, k, i);
                             for (j, (g, w)) in got.iter().zip(&want).enumerate() {
                                 let tol = 2e-4 * (1.0 + w.abs());
@@ -343,11 +349,7 @@ mod tests {
                                 // The same rows as a short batch's steps, 10 at a time.
                                 let apart: Vec<f32> = x
                                     .chunks(10 * k)
-                                    .flat_map(|x| {
-                                        gated_feed_forward_on(
-                                            isa, norm, 1e-5, &up, gate, &down, x, 10,
-                                        )
-                                    })
+                                    .flat_map(|x| layer.forward_on(isa, x, 10))
                                     .collect();
                                 assert!(same_bits(&got, &apart), "{isa:?} {norm:?}");
                             }

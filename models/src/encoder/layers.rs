@@ -426,7 +426,7 @@ pub(crate) struct GatedFeedForward<'a> {
 
 impl GatedFeedForward<'_> {
     /// `x + down(act.gated(up(norm(x))))`. Packed f32 on the CPU without biases, gated
-    /// by GELU or SiLU, runs [`feed_forward::gated_feed_forward`] (each task's rows
+    /// by GELU or SiLU, runs [`feed_forward::Gated`] (each task's rows
     /// through all of it); anything else runs the ops in turn.
     pub(crate) fn forward(&self, x: &Tensor, ops: CardOps) -> Result<Tensor, ModelError> {
         let eps = self.eps;
@@ -442,7 +442,14 @@ impl GatedFeedForward<'_> {
                 let norm = self.norm.read_cpu()?;
                 let x_in = CpuF32::read(x, "feed-forward input")?;
                 let (norm, rows) = (norm.pre_norm(), x_in.values());
-                let y = feed_forward::gated_feed_forward(norm, eps, up, gate, down, rows, m);
+                let layer = feed_forward::Gated {
+                    norm,
+                    eps,
+                    up,
+                    gate,
+                    down,
+                };
+                let y = layer.forward(rows, m);
                 return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
             }
         }
