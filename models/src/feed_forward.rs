@@ -1,7 +1,7 @@
 //! The feed-forward half of an encoder layer on the CPU in f32, each task carrying its
 //! rows through both dense layers (and the norm and residual around them) while they sit
 //! in its core's cache: BERT's post-norm `norm(GELU(x · up + b) · down + x)`
-//! ([`feed_forward`]) and the pre-norm gated `x + down(act(norm(x) · up))` of ModernBERT
+//! ([`Bert`]) and the pre-norm gated `x + down(act(norm(x) · up))` of ModernBERT
 //! and Qwen3 ([`Gated`]). The intermediate rows go to buffers of the thread's
 //! instead of out to the layer's widest tensors and back. Batches too short to give every
 //! thread tasks of whole rows run the same steps apart, so either way the same bits.
@@ -22,15 +22,65 @@ use crate::{
 /// the thread's, in its core's L2, instead of out to an `[m, I]` tensor (the layer's
 /// widest, 48 MiB for 32 passages of 256 tokens) and back. A batch too short for tasks of
 /// whole rows (see [`col_groups`]) runs the two products. Either way the same bits.
-pub(crate) fn feed_forward(
-    up: &PackedLinear,
-    up_bias: &[f32],
-    down: &PackedLinear,
-    x: &[f32],
-    m: usize,
-    norm: RowNorm,
-) -> Vec<f32> {
-    feed_forward_on(cpu_isa(), up, up_bias, down, x, m, norm)
+#[derive(Clone, Copy)]
+pub(crate) struct Bert<'a> {
+    pub(crate) up: &'a PackedLinear,
+    pub(crate) up_bias: &'a [f32],
+    pub(crate) down: &'a PackedLinear,
+}
+
+impl Bert<'_> {
+    /// The layer on `m` rows `x`, then `norm` on each output row.
+    pub(crate) fn forward(self, x: &[f32], m: usize, norm: RowNorm) -> Vec<f32> {
+        self.forward_on(cpu_isa(), x, m, norm)
+    }
+
+    /// [`Bert::forward`] on the route of `isa` (tests run each one the CPU has).
+    fn forward_on(self, isa: CpuIsa, x: &[f32], m: usize, norm: RowNorm) -> Vec<f32> {
+        let Bert { up, up_bias, down } = self;
+        let (k, i, n) = (up.in_features(), up.out_features(), down.out_features());
+        assert_eq!(
+            down.in_features(),
+            i,
+            "a feed-forward of [{k}, {i}] then [{}, {n}]",
+            down.in_features()
+        );
+        let row_tasks = m.div_ceil(ROWS_PER_TASK);
+        if !fills_the_cores(row_tasks) {
+            let mid = up.forward_on(isa, x, m, Epilogue::BiasGelu(up_bias), None);
+            return down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
+        }
+        assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
+        assert_eq!(up_bias.len(), i, "bias is not [{i}]");
+        assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
+        assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
+        // Not zeroed first: the tiles write every output.
+        let mut y: Vec<f32> = Vec::with_capacity(m * n);
+        let out = Dst(y.as_mut_ptr());
+        (0..row_tasks).into_par_iter().for_each(|rt| {
+            let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
+            INTERMEDIATE.with_borrow_mut(|s| {
+                let mid = at_least(&mut s.mid, rows.len() * i);
+                // SAFETY: `panel_fn` checked the CPU has the route's features. The task reads
+                // its own rows of `x`, writes and then reads its rows of `mid` (which holds
+                // them all), and writes every panel of its own rows of `y` (m × n), which no
+                // other task touches. Nothing in either product calls into rayon, so no other
+                // task runs on this thread while `mid` is borrowed.
+                unsafe {
+                    let x = x.as_ptr().add(rows.start * k);
+                    let gelu = Epilogue::BiasGelu(up_bias);
+                    up.rows_into_on(isa, x, k, rows.len(), mid.as_mut_ptr(), i, gelu);
+                    let y = out.at(rows.start * n);
+                    down.rows_into_on(isa, mid.as_ptr(), i, rows.len(), y, n, Epilogue::None);
+                }
+            });
+            // SAFETY: as above: this task's rows, every output of which it has just stored.
+            unsafe { norm.apply_to(out, n, rows) };
+        });
+        // SAFETY: the tasks cover every row, and each stores every column of its rows.
+        unsafe { y.set_len(m * n) };
+        y
+    }
 }
 
 thread_local! {
@@ -65,60 +115,6 @@ pub(crate) fn release_thread_buffer() {
             *s = Scratch::default();
         }
     });
-}
-
-/// [`feed_forward`] on the route of `isa` (tests run each one the CPU has).
-fn feed_forward_on(
-    isa: CpuIsa,
-    up: &PackedLinear,
-    up_bias: &[f32],
-    down: &PackedLinear,
-    x: &[f32],
-    m: usize,
-    norm: RowNorm,
-) -> Vec<f32> {
-    let (k, i, n) = (up.in_features(), up.out_features(), down.out_features());
-    assert_eq!(
-        down.in_features(),
-        i,
-        "a feed-forward of [{k}, {i}] then [{}, {n}]",
-        down.in_features()
-    );
-    let row_tasks = m.div_ceil(ROWS_PER_TASK);
-    if !fills_the_cores(row_tasks) {
-        let mid = up.forward_on(isa, x, m, Epilogue::BiasGelu(up_bias), None);
-        return down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
-    }
-    assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
-    assert_eq!(up_bias.len(), i, "bias is not [{i}]");
-    assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
-    assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
-    // Not zeroed first: the tiles write every output.
-    let mut y: Vec<f32> = Vec::with_capacity(m * n);
-    let out = Dst(y.as_mut_ptr());
-    (0..row_tasks).into_par_iter().for_each(|rt| {
-        let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
-        INTERMEDIATE.with_borrow_mut(|s| {
-            let mid = at_least(&mut s.mid, rows.len() * i);
-            // SAFETY: `panel_fn` checked the CPU has the route's features. The task reads
-            // its own rows of `x`, writes and then reads its rows of `mid` (which holds
-            // them all), and writes every panel of its own rows of `y` (m × n), which no
-            // other task touches. Nothing in either product calls into rayon, so no other
-            // task runs on this thread while `mid` is borrowed.
-            unsafe {
-                let x = x.as_ptr().add(rows.start * k);
-                let gelu = Epilogue::BiasGelu(up_bias);
-                up.rows_into_on(isa, x, k, rows.len(), mid.as_mut_ptr(), i, gelu);
-                let y = out.at(rows.start * n);
-                down.rows_into_on(isa, mid.as_ptr(), i, rows.len(), y, n, Epilogue::None);
-            }
-        });
-        // SAFETY: as above: this task's rows, every output of which it has just stored.
-        unsafe { norm.apply_to(out, n, rows) };
-    });
-    // SAFETY: the tasks cover every row, and each stores every column of its rows.
-    unsafe { y.set_len(m * n) };
-    y
 }
 
 /// A gated activation's row kernel: one row of the up-projection `[2I]` in, its `[I]`
@@ -285,7 +281,12 @@ mod tests {
                     let want = down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
                     // Poison what the output may reuse, so a value left unwritten fails.
                     drop(std::hint::black_box(vec![f32::NAN; m * n]));
-                    let got = feed_forward_on(isa, &up, &bias, &down, &x, m, norm);
+                    let layer = Bert {
+                        up: &up,
+                        up_bias: &bias,
+                        down: &down,
+                    };
+                    let got = layer.forward_on(isa, &x, m, norm);
                     let same = same_bits(&got, &want);
                     assert!(same, "{isa:?}, {m} rows");
                 }

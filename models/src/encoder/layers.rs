@@ -349,7 +349,7 @@ pub(crate) struct FeedForward<'a> {
 impl FeedForward<'_> {
     /// LayerNorm(act(x · up + up_bias) · down + bias + x): the residual is the input, as
     /// in BERT. Packed f32 with the exact GELU on the CPU carries each task's rows through
-    /// both layers ([`feed_forward::feed_forward`]); anything else runs the ops in turn.
+    /// both layers ([`feed_forward::Bert`]); anything else runs the ops in turn.
     pub(crate) fn forward(&self, x: &Tensor, ops: CardOps) -> Result<Tensor, ModelError> {
         let (params, eps) = (self.norm, self.eps);
         if let (Weight::Dense(up), Weight::Dense(down), Act::Gelu) = (self.up, self.down, self.act)
@@ -360,7 +360,8 @@ impl FeedForward<'_> {
                 let norm = RowNormRead::read(x, params, eps)?;
                 let norm = norm.norm();
                 let (rows, m) = (norm.residual, norm.residual.len() / up.in_features());
-                let y = feed_forward::feed_forward(up, bias.values(), down, rows, m, norm);
+                let up_bias = bias.values();
+                let y = feed_forward::Bert { up, up_bias, down }.forward(rows, m, norm);
                 return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
             }
         }
