@@ -7,7 +7,7 @@ use candle_nn::VarBuilder;
 use super::{
     act::Act,
     batch::{Batch, Route},
-    rope::{rotate, rotate_qk_normed},
+    rope::{read_angles, rotate, rotate_qk_normed},
 };
 use crate::{
     attention::{self, Around, BlockWeights},
@@ -310,10 +310,7 @@ impl PreNormAttention<'_> {
             )),
             None => None,
         };
-        let (cos, sin) = (
-            CpuF32::read(cos, "rope cos")?,
-            CpuF32::read(sin, "rope sin")?,
-        );
+        let (cos, sin) = read_angles(cos, sin)?;
         let x = CpuF32::read(x, "attention input")?;
         let around = Around::PreNorm {
             norm: norm.as_ref().map(|n| (n.pre_norm(), self.eps)),

@@ -68,13 +68,21 @@ pub(crate) fn rotate(
     heads: Heads,
 ) -> Result<Tensor, ModelError> {
     if [qkv, cos, sin].into_iter().all(kernels::cpu_f32) {
-        let (c, s) = (
-            CpuF32::read(cos, "rope cos")?,
-            CpuF32::read(sin, "rope sin")?,
-        );
+        let (c, s) = read_angles(cos, sin)?;
         return Ok(kernels::rope(qkv, c.values(), s.values(), heads)?);
     }
     rotate_by_ops(qkv, cos, sin, heads)
+}
+
+/// Each token's `cos` and `sin` read in place, for the fused CPU rotations.
+pub(super) fn read_angles<'a>(
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+) -> candle_core::Result<(CpuF32<'a>, CpuF32<'a>)> {
+    Ok((
+        CpuF32::read(cos, "rope cos")?,
+        CpuF32::read(sin, "rope sin")?,
+    ))
 }
 
 /// Qwen3's: each Q head RMS-normalized with `q_norm`'s weight and each K head with
@@ -89,10 +97,7 @@ pub(crate) fn rotate_qk_normed(
     eps: f32,
 ) -> Result<Tensor, ModelError> {
     if [qkv, cos, sin].into_iter().all(kernels::cpu_f32) {
-        let (c, s) = (
-            CpuF32::read(cos, "rope cos")?,
-            CpuF32::read(sin, "rope sin")?,
-        );
+        let (c, s) = read_angles(cos, sin)?;
         let (qw, kw) = (&q_norm.weight, &k_norm.weight);
         return Ok(kernels::qk_norm_rope(
             qkv,
