@@ -87,6 +87,73 @@ pub(crate) struct EmbedSpec {
     pub prompt_name: Option<String>,
 }
 
+impl EmbedSpec {
+    /// The options checked against `engine`'s model (dimensions, prompt names), before any
+    /// text is embedded.
+    pub(crate) fn resolve(&self, engine: &Engine) -> Result<Resolved, ActivityError> {
+        let ModelKind::Embedder(info) = engine.kind() else {
+            unreachable!("embedding options are resolved for embedders only; this is a bug")
+        };
+        let full = info.dimensions;
+        let dimensions = match self.dimensions {
+            Some(d) if d > full || d == 0 => {
+                return Err(ActivityError::InvalidInput(format!(
+                    "field \"dimensions\" is {d}, outside 1 to the model's {full}: pass at most {full} or omit it"
+                )))
+            }
+            Some(d) => d,
+            None => full,
+        };
+        let prefix = match (&self.prompt, &self.prompt_name) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(name)) => Some(info.prompts.get(name).cloned().ok_or_else(|| {
+                ActivityError::InvalidInput(format!(
+                    "field \"prompt_name\" is {}; this model's prompts are {:?} (config_sentence_transformers.json); or pass \"prompt\" text",
+                    quote(name),
+                    info.prompts.keys().collect::<Vec<_>>()
+                ))
+            })?),
+            (None, None) => None,
+        };
+        // No prompt named: the model's default prompt (if it has one) applies, in the
+        // models layer, and counts against the limits like any other.
+        let default_prompt = info
+            .default_prompt_name
+            .as_ref()
+            .and_then(|n| info.prompts.get(n))
+            .cloned();
+        Ok(Resolved {
+            dimensions,
+            full,
+            normalize: self.normalize.unwrap_or(info.normalize),
+            truncate: self.truncate.unwrap_or(true),
+            prefix,
+            default_prompt,
+        })
+    }
+}
+
+/// [`EmbedSpec`] checked against a model: what its texts are embedded with.
+pub(crate) struct Resolved {
+    /// The width the vectors are cut to.
+    pub dimensions: usize,
+    /// The model's own width.
+    full: usize,
+    normalize: bool,
+    truncate: bool,
+    /// The caller's prompt, given or named.
+    prefix: Option<String>,
+    /// The model's default prompt, which the models layer applies when `prefix` is none.
+    default_prompt: Option<String>,
+}
+
+impl Resolved {
+    /// The prompt that goes before every text, if any: it counts against the limits.
+    pub(crate) fn prompt_in_effect(&self) -> Option<&str> {
+        self.prefix.as_deref().or(self.default_prompt.as_deref())
+    }
+}
+
 /// Vectors of one call after the options: cut to `dimensions`, normalized as asked.
 pub(crate) struct Embedded {
     pub vectors: Vec<Vec<f32>>,
@@ -476,8 +543,8 @@ impl DeviceActivities {
     }
 
     /// Embeds `texts` on `engine` under `spec`: checks the options against the model
-    /// (dimensions, prompt names) and the prompt against the limits, then cuts and
-    /// re-normalizes Matryoshka prefixes. Shared by `embed` and `embed_dataset`.
+    /// ([`EmbedSpec::resolve`]) and the prompt with the texts against the per-text and
+    /// per-call limits, then [`DeviceActivities::embed_resolved`]. `embed`'s path.
     pub(crate) async fn embed_texts(
         &self,
         engine: &Engine,
@@ -486,44 +553,31 @@ impl DeviceActivities {
         progress: &Progress,
         priority: i32,
     ) -> Result<Embedded, ActivityError> {
-        let ModelKind::Embedder(info) = engine.kind() else {
-            unreachable!("embed_texts is called with embedders only; this is a bug")
-        };
-        let full = info.dimensions;
-        let dimensions = match spec.dimensions {
-            Some(d) if d > full || d == 0 => {
-                return Err(ActivityError::InvalidInput(format!(
-                    "field \"dimensions\" is {d}, outside 1 to the model's {full}: pass at most {full} or omit it"
-                )))
-            }
-            Some(d) => d,
-            None => full,
-        };
-        // No prompt named: the model's default prompt (if it has one) applies, in the
-        // models layer, and counts against the limits here like any other.
-        let prefix = match (&spec.prompt, &spec.prompt_name) {
-            (Some(p), _) => Some(p.clone()),
-            (None, Some(name)) => Some(info.prompts.get(name).cloned().ok_or_else(|| {
-                ActivityError::InvalidInput(format!(
-                    "field \"prompt_name\" is {}; this model's prompts are {:?} (config_sentence_transformers.json); or pass \"prompt\" text",
-                    quote(name),
-                    info.prompts.keys().collect::<Vec<_>>()
-                ))
-            })?),
-            (None, None) => None,
-        };
-        let default_prompt = info
-            .default_prompt_name
-            .as_ref()
-            .and_then(|n| info.prompts.get(n));
-        if let Some(p) = prefix.as_ref().or(default_prompt) {
+        let resolved = spec.resolve(engine)?;
+        if let Some(p) = resolved.prompt_in_effect() {
             self.check_prompted(p, &texts)?;
         }
-        let normalize = spec.normalize.unwrap_or(info.normalize);
+        self.embed_resolved(engine, &resolved, texts, progress, priority)
+            .await
+    }
+
+    /// Embeds `texts` on `engine` under options already checked against it and against the
+    /// limits, then cuts and re-normalizes Matryoshka prefixes. `embed_dataset` calls it
+    /// for each chunk of rows, having checked every row of its range up front.
+    pub(crate) async fn embed_resolved(
+        &self,
+        engine: &Engine,
+        resolved: &Resolved,
+        texts: Vec<String>,
+        progress: &Progress,
+        priority: i32,
+    ) -> Result<Embedded, ActivityError> {
+        let (dimensions, full, normalize) =
+            (resolved.dimensions, resolved.full, resolved.normalize);
         let opts = EmbedOptions {
             normalize: Some(normalize),
-            truncate: spec.truncate.unwrap_or(true),
-            prompt: prefix,
+            truncate: resolved.truncate,
+            prompt: resolved.prefix.clone(),
             priority,
         };
         let out = engine.embed(texts, opts, progress).await?;

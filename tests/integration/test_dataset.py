@@ -432,6 +432,11 @@ def test_f_bad_input_fails_once_non_retryably_naming_what_is_wrong(temporal_addr
     bad_json = root.put("data/bad.jsonl", b'{"id": 0, "text": "fine"}\nthis line is not JSON\n')
     dup_ids = make_ids(100, [*range(50), 987654, *range(51, 70), 987654, *range(71, 100)])
     dups = root.put("data/dups.parquet", encode("parquet", dup_ids, texts(100)))
+    # Row 1 fits the per-text limit (100,000 characters) alone, not with a prompt.
+    long_row = root.put("data/long.parquet", encode("parquet", [0, 1], ["short", "x" * 99_998]))
+    # 20 rows of 60,000 characters: one call of the job over embed's per-call total
+    # (1,000,000), which a dataset caller cannot split; with a prompt, it must still run.
+    wide = root.put("data/wide.parquet", encode("parquet", list(range(20)), ["y" * 60_000] * 20))
 
     def req(source, k, **kw):
         return {"source": source, "id_column": "id", "text_column": "text",
@@ -446,6 +451,15 @@ def test_f_bad_input_fails_once_non_retryably_naming_what_is_wrong(temporal_addr
         (req(garbage, 5), [garbage]),
         (req(bad_json, 6), [bad_json]),
         (req(dups, 7), ["987654"]),
+        # Options are checked against the model even where the range holds no rows.
+        (req(good.uri, 8, rows={"start": 5, "end": 5}, dimensions=9999), ["dimensions", "384"]),
+        (req(good.uri, 9, rows={"start": 5, "end": 5}, prompt_name="nope"), ["prompt_name", "nope"]),
+        (req(good.uri, 10, prompt="query: ", prompt_name="query"), ["prompt", "prompt_name"]),
+        # A wrong type names its field (serde's message named none).
+        (req(good.uri, 11, part_rows="10"), ['field "part_rows" must be']),
+        (req(good.uri, 12, shard={"index": -1, "count": 2}), ["shard.index"]),
+        # The prompt counts with each row, and the failure names the source row.
+        (req(long_row, 13, prompt="query: "), ["row 1 of", long_row, "prompt"]),
     ]
     before = s3.keys()
     for payload, fragments in cases:
@@ -467,6 +481,8 @@ def test_f_bad_input_fails_once_non_retryably_naming_what_is_wrong(temporal_addr
     # The worker serves on.
     ok = try_dataset(temporal_address, "cpu-tools", req(good.uri, 99), workers=[g])
     assert ok["ok"]["rows"] == 100, ok
+    ok = try_dataset(temporal_address, "cpu-tools", req(wide, 98, prompt="q: "), workers=[g])
+    assert ok.get("ok", {}).get("rows") == 20, ok
 
 
 # --- g. the data roots hold --------------------------------------------------------------

@@ -15,8 +15,9 @@ mod table;
 use std::{sync::Arc, time::Instant};
 
 use gpulane_models::{Engine, ModelKind};
-use gpulane_proto::{DatasetProgress, EmbedDatasetRequest, Manifest, PartRef};
+use gpulane_proto::{DatasetProgress, EmbedDatasetRequest, Manifest, PartRef, RowRange, Shard};
 use object_store::PutPayload;
+use serde_json::{Map, Value};
 
 pub use self::storage::DataRoots;
 use self::{
@@ -25,7 +26,7 @@ use self::{
     table::{Columns, Format},
 };
 use crate::{
-    input::{quote, quote_uri},
+    input::{invalid, kind, object, opt_bool, opt_positive, opt_string, quote, quote_uri},
     service::{Call, EmbedSpec},
     ActivityError, DeviceActivities,
 };
@@ -37,6 +38,22 @@ const DEFAULT_PART_ROWS: usize = 1000;
 /// Most rows per part: a part is built in memory.
 const MAX_PART_ROWS: usize = 100_000;
 
+const FIELDS: &[&str] = &[
+    "source",
+    "format",
+    "id_column",
+    "text_column",
+    "output",
+    "shard",
+    "rows",
+    "part_rows",
+    "model",
+    "normalize",
+    "truncate",
+    "dimensions",
+    "prompt",
+    "prompt_name",
+];
 const SHAPE: &str = r#"{"source": URI, "format"?: "parquet"|"jsonl"|"csv", "id_column": string, "text_column": string, "output": URI prefix, "shard"?: {"index", "count"}, "rows"?: {"start", "end"}, "part_rows"?: int, "model"?, "normalize"?, "truncate"?, "dimensions"?, "prompt"?, "prompt_name"?}"#;
 
 /// What happened to one part, for metrics.
@@ -65,18 +82,44 @@ pub trait DatasetObserver: Send + Sync {
     fn part(&self, model: &str, outcome: PartOutcome, rows: usize);
 }
 
-/// Parses and checks an `embed_dataset` input.
+/// Parses and checks an `embed_dataset` input. Checks a `serde_json::Value` by hand, as
+/// `embed` does, rather than deriving: serde's messages name neither the field of a wrong
+/// type nor a limit, and repeat an unknown field's name however long.
 pub(crate) fn parse(input: &[u8]) -> Result<EmbedDatasetRequest, ActivityError> {
-    let req: EmbedDatasetRequest = serde_json::from_slice(input).map_err(|e| {
-        ActivityError::InvalidInput(format!("embed_dataset input: {e}; expected {SHAPE}"))
-    })?;
+    let obj = object(input, FIELDS, SHAPE)?;
+    let required = |field: &str| {
+        opt_string(&obj, field)?
+            .ok_or_else(|| invalid(format!("field \"{field}\" is required: pass {SHAPE}")))
+    };
+    let part_rows_hint =
+        format!("use 1 to {MAX_PART_ROWS} or omit it for {DEFAULT_PART_ROWS} rows a part");
+    let req = EmbedDatasetRequest {
+        source: required("source")?,
+        format: opt_string(&obj, "format")?,
+        id_column: required("id_column")?,
+        text_column: required("text_column")?,
+        output: required("output")?,
+        shard: pair(&obj, "shard", ["index", "count"])?
+            .map(|[index, count]| Shard { index, count }),
+        rows: pair(&obj, "rows", ["start", "end"])?.map(|[start, end]| RowRange { start, end }),
+        part_rows: opt_positive(&obj, "part_rows", &part_rows_hint)?,
+        model: opt_string(&obj, "model")?,
+        normalize: opt_bool(&obj, "normalize")?,
+        truncate: opt_bool(&obj, "truncate")?,
+        dimensions: opt_positive(&obj, "dimensions", "omit it for the model's full width")?,
+        prompt: opt_string(&obj, "prompt")?,
+        prompt_name: opt_string(&obj, "prompt_name")?,
+    };
     let bad = |m: String| Err(ActivityError::InvalidInput(m));
     if let Some(p) = req.part_rows {
-        if !(1..=MAX_PART_ROWS).contains(&p) {
-            return bad(format!(
-                "field \"part_rows\" is {p}: use 1 to {MAX_PART_ROWS} (default {DEFAULT_PART_ROWS})"
-            ));
+        if p > MAX_PART_ROWS {
+            return bad(format!("field \"part_rows\" is {p}: {part_rows_hint}"));
         }
+    }
+    if req.prompt.is_some() && req.prompt_name.is_some() {
+        return bad(
+            "fields \"prompt\" and \"prompt_name\" exclude each other: pass one".to_owned(),
+        );
     }
     if let Some(s) = req.shard {
         if s.count == 0 || s.index >= s.count {
@@ -108,10 +151,56 @@ pub(crate) fn parse(input: &[u8]) -> Result<EmbedDatasetRequest, ActivityError> 
     Ok(req)
 }
 
+/// An optional object of two non-negative integers named `keys`, such as `"shard":
+/// {"index": 0, "count": 4}`.
+fn pair(
+    obj: &Map<String, Value>,
+    field: &str,
+    keys: [&str; 2],
+) -> Result<Option<[usize; 2]>, ActivityError> {
+    let shape = format!("{{\"{}\": int, \"{}\": int}}", keys[0], keys[1]);
+    let m = match obj.get(field) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(m)) => m,
+        Some(other) => {
+            return Err(invalid(format!(
+                "field \"{field}\" must be an object {shape}, got {}",
+                kind(other)
+            )))
+        }
+    };
+    if let Some(k) = m.keys().find(|k| !keys.contains(&k.as_str())) {
+        return Err(invalid(format!(
+            "field \"{field}\" has an unknown key {}: pass {shape}",
+            quote(k)
+        )));
+    }
+    let mut out = [0; 2];
+    for (o, key) in out.iter_mut().zip(keys) {
+        *o = match m.get(key).map(|v| (v, v.as_u64().map(usize::try_from))) {
+            Some((_, Some(Ok(n)))) => n,
+            found => {
+                return Err(invalid(format!(
+                    "field \"{field}.{key}\" must be a non-negative integer, got {}: pass {shape}",
+                    found.map_or("nothing".to_owned(), |(v, _)| match v {
+                        // A number is short whatever was sent: show it.
+                        Value::Number(_) => v.to_string(),
+                        _ => kind(v).to_owned(),
+                    })
+                )));
+            }
+        };
+    }
+    Ok(Some(out))
+}
+
 /// The rows a request covers of a dataset of `n` rows, and whether that is all of them.
 fn row_range(req: &EmbedDatasetRequest, n: usize) -> Result<(usize, usize, bool), ActivityError> {
+    // In u128: `(index + 1) · n` overflows usize for an index near usize::MAX, and `parse`
+    // only bounds the index by the count. Each bound is at most n, so it fits back.
+    let slice = |s: Shard, i: usize| (i as u128 * n as u128 / s.count as u128) as usize;
     let (start, end) = match (req.shard, req.rows) {
-        (Some(s), _) => (s.index * n / s.count, (s.index + 1) * n / s.count),
+        (Some(s), _) => (slice(s, s.index), slice(s, s.index + 1)),
         (_, Some(r)) => {
             if r.end > n {
                 return Err(ActivityError::InvalidInput(format!(
@@ -142,6 +231,16 @@ pub(crate) async fn run(
     }
     let out = roots.resolve("output", &output, Access::Write)?;
     let format = Format::of(req.format.as_deref(), &req.source)?;
+    // The options are checked against the model before the source is read, so a bad one
+    // fails at once, even where the range turns out to hold no rows.
+    let spec = EmbedSpec {
+        normalize: req.normalize,
+        truncate: req.truncate,
+        dimensions: req.dimensions,
+        prompt: req.prompt.clone(),
+        prompt_name: req.prompt_name.clone(),
+    };
+    let resolved = spec.resolve(engine)?;
     let bytes = src
         .store
         .get(&src.path)
@@ -168,18 +267,27 @@ pub(crate) async fn run(
     let table = Arc::new(table);
     let n = table.texts.len();
     let (start, end, whole) = row_range(&req, n)?;
+    // Every row of the range, with the prompt that goes before it, against the per-text
+    // limit, before any part is written. `embed`'s per-call total does not apply: the job
+    // sizes its own calls.
     let limit = svc.limits().max_text_chars;
-    if let Some((row, t)) = table.texts[start..end]
+    let prompt = resolved.prompt_in_effect().map_or(0, |p| p.chars().count());
+    if let Some((row, chars)) = table.texts[start..end]
         .iter()
+        .map(|t| t.chars().count())
         .enumerate()
-        .find(|(_, t)| t.chars().count() > limit)
+        .find(|&(_, chars)| prompt + chars > limit)
     {
+        let with = match prompt {
+            0 => String::new(),
+            p => format!(" and {p} more of prompt before it"),
+        };
         return Err(ActivityError::InvalidInput(format!(
-            "row {} of {} has {} characters in column {}, over the limit of {limit} (--max-text-chars): shorten it or raise the limit",
+            "row {} of {} has {chars} characters in column {}{with}, over the limit of {limit} (--max-text-chars): shorten it{}, or raise the limit",
             start + row,
             quote_uri(&req.source),
-            t.chars().count(),
-            quote(&req.text_column)
+            quote(&req.text_column),
+            if prompt > 0 { " or the prompt" } else { "" },
         )));
     }
 
@@ -226,14 +334,7 @@ pub(crate) async fn run(
         }
     }
 
-    let spec = EmbedSpec {
-        normalize: req.normalize,
-        truncate: req.truncate,
-        dimensions: req.dimensions,
-        prompt: req.prompt.clone(),
-        prompt_name: req.prompt_name.clone(),
-    };
-    let mut dims = req.dimensions.unwrap_or(info.dimensions);
+    let mut dims = resolved.dimensions;
     let mut progress = DatasetProgress {
         parts_done: kept.iter().cloned().collect(),
         rows_done: plan
@@ -260,9 +361,9 @@ pub(crate) async fn run(
         let (mut vectors, mut counts) = (Vec::with_capacity(b - a), Vec::with_capacity(b - a));
         for (c, chunk) in table.texts[a..b].chunks(CHUNK).enumerate() {
             let e = svc
-                .embed_texts(
+                .embed_resolved(
                     engine,
-                    &spec,
+                    &resolved,
                     chunk.to_vec(),
                     call.progress,
                     call.priority(),
@@ -379,6 +480,20 @@ mod tests {
         assert!(row_range(&req("").unwrap(), n).unwrap().2);
     }
 
+    /// `(index + 1) · n` overflowed for an index near usize::MAX: a panic the worker
+    /// caught and reported as a retryable internal error, on every retry.
+    #[test]
+    fn a_shard_index_near_the_largest_integer_gives_its_slice() {
+        let (index, count) = (usize::MAX - 1, usize::MAX);
+        let r = req(&format!(
+            r#", "shard": {{"index": {index}, "count": {count}}}"#
+        ))
+        .unwrap();
+        assert_eq!(row_range(&r, 10).unwrap(), (9, 10, false));
+        let r = req(&format!(r#", "shard": {{"index": 0, "count": {count}}}"#)).unwrap();
+        assert_eq!(row_range(&r, 10).unwrap(), (0, 0, false));
+    }
+
     #[test]
     fn bad_requests_name_the_field() {
         for (extra, field) in [
@@ -386,10 +501,38 @@ mod tests {
             (r#", "shard": {"index": 4, "count": 4}"#, "shard"),
             (r#", "rows": {"start": 5, "end": 1}"#, "rows"),
             (r#", "surprise": 1"#, "surprise"),
+            (
+                r#", "part_rows": "10""#,
+                "field \"part_rows\" must be a positive integer",
+            ),
+            (r#", "part_rows": 100001"#, "use 1 to 100000"),
+            (r#", "format": 5"#, "field \"format\" must be a string"),
+            (r#", "source": "s3://b/e.parquet""#, "key \"source\" twice"),
+            (r#", "shard": 3"#, "field \"shard\" must be an object"),
+            (
+                r#", "shard": {"index": -1, "count": 2}"#,
+                "field \"shard.index\" must be a non-negative integer, got -1",
+            ),
+            (
+                r#", "rows": {"start": 0}"#,
+                "field \"rows.end\" must be a non-negative integer, got nothing",
+            ),
+            (
+                r#", "rows": {"start": 0, "end": 1, "step": 2}"#,
+                "unknown key \"step\"",
+            ),
+            (
+                r#", "prompt": "q: ", "prompt_name": "query""#,
+                "exclude each other",
+            ),
         ] {
             let m = req(extra).unwrap_err().to_string();
             assert!(m.contains(field), "{extra}: {m}");
         }
+        let m = parse(br#"{"id_column": "id", "text_column": "text", "output": "s3://b/o/"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("field \"source\" is required"), "{m}");
         let r = req(r#", "rows": {"start": 0, "end": 50}"#).unwrap();
         assert!(row_range(&r, 10)
             .unwrap_err()
