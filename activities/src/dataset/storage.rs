@@ -206,6 +206,15 @@ impl DataRoots {
                 for part in rest.into_iter().rev().flatten() {
                     out.push(part);
                 }
+                // A file where the output folder would be makes every write fail, and the
+                // store reports that as a generic error, which would be retried forever.
+                if let Some(file) = out.ancestors().find(|a| a.is_file()) {
+                    return Err(ActivityError::InvalidInput(format!(
+                        "field \"{field}\" is {}: {} is a file, not a folder; name a folder to write under",
+                        quote_uri(uri),
+                        quote_uri(&file.display().to_string())
+                    )));
+                }
                 out
             }
         };
@@ -285,6 +294,23 @@ mod tests {
                 e.to_string()
             }
         }
+    }
+
+    #[test]
+    fn an_output_under_a_file_is_refused_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = roots(dir.path());
+        std::fs::write(dir.path().join("corpus.parquet"), b"rows").unwrap();
+        for out in ["corpus.parquet/", "corpus.parquet/sub/"] {
+            let uri = format!("file://{}/{out}", dir.path().display());
+            let m = refused(&r, &uri, Access::Write);
+            assert!(
+                m.contains("corpus.parquet\" is a file, not a folder"),
+                "{m}"
+            );
+        }
+        let uri = format!("file://{}/new/sub/", dir.path().display());
+        assert!(r.resolve("output", &uri, Access::Write).is_ok());
     }
 
     #[test]
