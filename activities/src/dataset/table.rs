@@ -10,7 +10,7 @@ use bytes::Bytes;
 use parquet::arrow::{arrow_reader::ParquetRecordBatchReaderBuilder, ProjectionMask};
 
 use crate::{
-    input::{quote, quote_uri},
+    input::{kind, quote, quote_uri},
     ActivityError,
 };
 
@@ -117,6 +117,27 @@ impl Columns<'_> {
     fn null(&self, column: &str, row: usize) -> ActivityError {
         ActivityError::InvalidInput(format!(
             "row {row} of {} has no value in column {}: every row needs an id and a text",
+            quote_uri(self.uri),
+            quote(column)
+        ))
+    }
+
+    /// A JSON Lines value that is null ([`Columns::null`]) or not of the type `want`.
+    fn json_value(
+        &self,
+        column: &str,
+        row: usize,
+        v: &serde_json::Value,
+        want: &str,
+    ) -> ActivityError {
+        let found = match v {
+            serde_json::Value::Null => return self.null(column, row),
+            // A number is short whatever the file holds: show it.
+            serde_json::Value::Number(n) => format!("the number {n}"),
+            other => kind(other).to_owned(),
+        };
+        ActivityError::InvalidInput(format!(
+            "row {row} of {} has {found} in column {}: it must be {want}",
             quote_uri(self.uri),
             quote(column)
         ))
@@ -308,11 +329,12 @@ fn read_jsonl(bytes: &[u8], cols: &Columns) -> Result<Table, ActivityError> {
         };
         let id = get("id_column", cols.id)?;
         if !(id.is_i64() || id.is_string()) {
-            return Err(cols.null(cols.id, row));
+            let want = "an integer within 64 bits or a string";
+            return Err(cols.json_value(cols.id, row, &id, want));
         }
         match get("text_column", cols.text)? {
             serde_json::Value::String(s) => texts.push(s),
-            _ => return Err(cols.null(cols.text, row)),
+            other => return Err(cols.json_value(cols.text, row, &other, "a string")),
         }
         ids.push(id);
     }
@@ -425,6 +447,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(m.contains("\"text\"") && m.contains("row 0"), "{m}");
+        // A value of the wrong type is named as what it is, not as missing.
+        for (line, found) in [
+            (
+                r#"{"id": 1.5, "text": "a"}"#,
+                "has the number 1.5 in column \"id\"",
+            ),
+            (
+                r#"{"id": true, "text": "a"}"#,
+                "has a boolean in column \"id\"",
+            ),
+            (
+                r#"{"id": 1, "text": 7}"#,
+                "has the number 7 in column \"text\"",
+            ),
+            (
+                r#"{"id": 1, "text": null}"#,
+                "has no value in column \"text\"",
+            ),
+        ] {
+            let m = read(Bytes::from(line), Format::JsonLines, &cols())
+                .unwrap_err()
+                .to_string();
+            assert!(m.contains(found), "{line}: {m}");
+        }
         let m = read(Bytes::from("not parquet"), Format::Parquet, &cols())
             .unwrap_err()
             .to_string();
