@@ -197,6 +197,29 @@ def test_bad_input_is_a_typed_non_retryable_error(temporal_address, gpulane):
     assert (cause.type, cause.non_retryable) == ("InvalidInput", True), cause
 
 
+def test_a_bad_dataset_job_fails_its_workflow_with_invalid_input(temporal_address):
+    """Bad job fields fail the workflow at once, typed, instead of failing its workflow
+    task (a KeyError, a TypeError), which Temporal retries until the execution times out."""
+    from temporalio.client import WorkflowFailureError
+    from temporalio.exceptions import ApplicationError
+
+    request = {"source": "file:///d/x.csv", "id_column": "id", "text_column": "text",
+               "output": "file:///d/out/"}
+    for job, field in [({"shards": 2}, "request"),
+                       ({"request": "x.csv", "shards": 2}, "request"),
+                       ({"request": request, "shards": True}, "shards"),
+                       ({"request": request, "shards": 2, "heartbeat_timeout_s": "60"},
+                        "heartbeat_timeout_s"),
+                       ({"request": request, "shards": 2, "start_to_close_s": -1},
+                        "start_to_close_s")]:
+        with pytest.raises(WorkflowFailureError) as info:
+            run(temporal_address, "gpulane.EmbedDatasetJob", job, timeout=30)
+        cause = info.value.cause
+        assert isinstance(cause, ApplicationError), (job, cause)
+        assert (cause.type, cause.non_retryable) == ("InvalidInput", True), (job, cause)
+        assert field in cause.message, (job, cause.message)
+
+
 def test_a_sharded_dataset_job_gathers_every_manifest(temporal_address, gpulane, tmp_path):
     root = tmp_path / "data"
     (root / "in").mkdir(parents=True)

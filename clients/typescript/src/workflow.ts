@@ -368,9 +368,20 @@ export interface EmbedDatasetJobInput {
  * (no shards, or `shard` / `rows` in the request) fails the workflow with `InvalidInput`.
  */
 export async function embedDatasetJob(job: EmbedDatasetJobInput): Promise<Manifest[]> {
+  // A bad job fails the workflow with InvalidInput: a TypeError would fail the workflow
+  // task, which Temporal retries forever.
+  if (typeof job.request !== 'object' || job.request === null || Array.isArray(job.request)) {
+    throw new InvalidInput('embedDatasetJob: request must be the embed_dataset request, an object');
+  }
   const shards = job.shards;
   if (!Number.isInteger(shards) || shards < 1) {
     throw new InvalidInput(`embedDatasetJob: shards must be an integer of at least 1, not ${String(shards)}`);
+  }
+  for (const key of ['heartbeat_timeout_s', 'start_to_close_s'] as const) {
+    const value: unknown = job[key];
+    if (value !== undefined && !(typeof value === 'number' && Number.isFinite(value) && value > 0)) {
+      throw new InvalidInput(`embedDatasetJob: ${key} must be a number of seconds above 0, not ${String(value)}`);
+    }
   }
   if (job.request.shard !== undefined || job.request.rows !== undefined) {
     throw new InvalidInput('embedDatasetJob: the job picks the shards; leave shard and rows out of the request');

@@ -333,6 +333,20 @@ describe('against gpulane workers', () => {
     assert.ok(err instanceof WorkflowFailedError);
     assert.equal(err.cause.type, 'InvalidInput');
     assert.equal(err.cause.nonRetryable, true);
+    // So are a missing request and a timeout that is not a number of seconds, which
+    // threw TypeErrors that failed the workflow task, retried forever.
+    for (const [job, field] of [
+      [{ shards: 2 }, 'request'],
+      [{ request, shards: 2, heartbeat_timeout_s: '60' }, 'heartbeat_timeout_s'],
+      [{ request, shards: 2, start_to_close_s: -1 }, 'start_to_close_s'],
+    ]) {
+      const h = await run(PIN, 'embedDatasetJob', [job], { workflowExecutionTimeout: '30s' });
+      const e = await h.result().then(() => assert.fail('completed'), (x) => x);
+      assert.ok(e instanceof WorkflowFailedError, String(e));
+      assert.equal(e.cause.type, 'InvalidInput', field);
+      assert.equal(e.cause.nonRetryable, true);
+      assert.ok(e.cause.message.includes(field), e.cause.message);
+    }
   });
 
   test('a lost card makes runInSession run the whole sequence again on the other card', async () => {

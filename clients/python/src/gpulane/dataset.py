@@ -26,10 +26,21 @@ class EmbedDatasetJob:
 
     @workflow.run
     async def run(self, job: Dict[str, Any]) -> List[Dict[str, Any]]:
-        request = dict(job["request"])
+        # A bad job fails the workflow with InvalidInput: an exception of another type
+        # would fail the workflow task, which Temporal retries forever.
+        request = job.get("request")
+        if not isinstance(request, dict):
+            raise InvalidInput(f"request is {type(request).__name__}; give the embed_dataset "
+                               "request as an object")
+        request = dict(request)
         shards = job.get("shards")
-        if not isinstance(shards, int) or shards < 1:
+        if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
             raise InvalidInput(f"shards is {shards!r}; give a whole number of at least 1")
+        for key in ("heartbeat_timeout_s", "start_to_close_s"):
+            value = job.get(key)
+            if key in job and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                               or not 0 < value < float("inf")):
+                raise InvalidInput(f"{key} is {value!r}; give a number of seconds above 0")
         if "shard" in request or "rows" in request:
             raise InvalidInput("the job picks the shards; leave shard and rows out of the request")
         options: Dict[str, Any] = {}
