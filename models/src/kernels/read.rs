@@ -2,6 +2,7 @@
 
 use candle_core::{backend::BackendStorage, CpuStorage, DType, Layout, Result, Tensor};
 
+/// [`cpu_slice`] for f32: what the custom ops' CPU halves read.
 pub(super) fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
     cpu_slice::<f32>(s, l, what)
 }

@@ -1,4 +1,5 @@
-//! The reference paths, for tests: the same results through plain candle ops.
+//! The kernels against reference paths: the same results through plain candle ops or
+//! plain loops (softmax and packed attention on each route this CPU runs).
 
 use candle_core::{DType, Device, Tensor, D};
 
