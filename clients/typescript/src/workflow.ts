@@ -364,8 +364,9 @@ export interface EmbedDatasetJobInput {
 /**
  * A workflow: a large dataset over every card, as `embed_dataset` once per shard in
  * parallel; the shards' manifests, in shard order. Register it by exporting it from your
- * workflows module: `export { embedDatasetJob } from 'gpulane/workflow';`. A bad job
- * (no shards, or `shard` / `rows` in the request) fails the workflow with `InvalidInput`.
+ * workflows module: `export { embedDatasetJob } from 'gpulane/workflow';`. A bad job (no
+ * request object, no shards, `shard` / `rows` in the request, a timeout that is not a
+ * number of seconds) fails the workflow with `InvalidInput`.
  */
 export async function embedDatasetJob(job: EmbedDatasetJobInput): Promise<Manifest[]> {
   // A bad job fails the workflow with InvalidInput: a TypeError would fail the workflow

@@ -22,7 +22,9 @@ from . import workflow as _wf
 class EmbedDatasetJob:
     """Input: {"request": <EmbedDatasetRequest without shard/rows>, "shards": N, and
     optionally "task_queue", "heartbeat_timeout_s", "start_to_close_s" (default: those of
-    `gpulane.workflow.embed_dataset`)}. Result: the N manifests (dicts), in shard order."""
+    `gpulane.workflow.embed_dataset`)}. Result: the N manifests (dicts), in shard order. A
+    bad job (no request object, no shards, shard or rows in the request, a timeout that is
+    not a number of seconds) fails the workflow with `InvalidInput`."""
 
     @workflow.run
     async def run(self, job: Dict[str, Any]) -> List[Dict[str, Any]]:
