@@ -494,6 +494,12 @@ pub struct RunArgs {
     #[arg(long, env = "GPULANE_MAX_RESULT_BYTES", default_value_t = 2_000_000)]
     pub max_result_bytes: usize,
 
+    /// Largest `embed_dataset` source file, which the job reads whole into memory: bytes
+    /// (e.g. 4GiB) or a fraction of the host's memory, or of its cgroup's limit when lower
+    /// (e.g. 0.25). A larger source fails with InvalidInput instead of exhausting memory.
+    #[arg(long, env = "GPULANE_MAX_DATASET_BYTES", default_value = "0.125")]
+    pub max_dataset_bytes: String,
+
     /// Seconds running activities get to finish once their lane stops polling (drain or
     /// SIGTERM); then they are failed back to Temporal, retryably (WorkerShutdown), so
     /// another worker takes them at once.

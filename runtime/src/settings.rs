@@ -164,6 +164,8 @@ pub(crate) struct Settings {
     pub headroom: Headroom,
     /// `--host-memory-headroom`: host memory the CPU lanes never promise.
     pub host_headroom: Headroom,
+    /// `--max-dataset-bytes`, resolved against the host's memory when a device loads.
+    pub max_dataset: Headroom,
     /// `--vram-cost` overrides by model name.
     pub vram_costs: Vec<(String, u64)>,
     pub max_concurrent_per_card: usize,
@@ -306,9 +308,13 @@ impl Settings {
                 max_text_chars: args.max_text_chars,
                 max_total_chars: args.max_total_chars,
                 max_result_bytes: args.max_result_bytes,
+                // Set per device from `max_dataset` (see startup::load_device).
+                ..Limits::default()
             },
             headroom: Headroom::parse("--vram-headroom", &args.vram_headroom).map_err(config)?,
             host_headroom: Headroom::parse("--host-memory-headroom", &args.host_memory_headroom)
+                .map_err(config)?,
+            max_dataset: Headroom::parse("--max-dataset-bytes", &args.max_dataset_bytes)
                 .map_err(config)?,
             vram_costs,
             max_concurrent_per_card: args.max_concurrent_per_card,

@@ -485,6 +485,29 @@ def test_f_bad_input_fails_once_non_retryably_naming_what_is_wrong(temporal_addr
     assert ok.get("ok", {}).get("rows") == 20, ok
 
 
+def test_f_a_source_over_the_size_limit_fails_before_it_is_read(temporal_address, gpulane, tmp_path):
+    root = Local(tmp_path / "root")
+    g = gpulane("--model", str(minilm_dir()), "--gpus", "none", "--data-root", root.root_uri,
+                "--max-dataset-bytes", "100000")
+    small = write_dataset(root, "small.jsonl", 10)
+    big = root.put("big.jsonl", encode("jsonl", list(range(10)), ["z" * 20_000] * 10))
+
+    def req(source, out):
+        return {"source": source, "id_column": "id", "text_column": "text",
+                "output": root.uri(f"out/{out}/")}
+
+    out = try_dataset(temporal_address, "cpu-tools", req(big, "big"), workers=[g])
+    assert "error" in out, out
+    err = out["error"]
+    assert err["type"] == "InvalidInput" and err["non_retryable"] is True, err
+    print(f"\n[f] {err['message']}")
+    for fragment in (big, "over the limit of 100000 bytes", "--max-dataset-bytes"):
+        assert names(err["message"], fragment), (fragment, err["message"])
+    assert not root.list("out/big/"), "a refused job wrote nothing"
+    ok = try_dataset(temporal_address, "cpu-tools", req(small.uri, "small"), workers=[g])
+    assert ok["ok"]["rows"] == 10, ok
+
+
 # --- g. the data roots hold --------------------------------------------------------------
 
 def test_g_nothing_outside_the_data_roots_is_read_or_written(temporal_address, gpulane, tmp_path, s3):

@@ -241,11 +241,22 @@ pub(crate) async fn run(
         prompt_name: req.prompt_name.clone(),
     };
     let resolved = spec.resolve(engine)?;
-    let bytes = src
+    let got = src
         .store
         .get(&src.path)
         .await
-        .map_err(|e| storage_error(&req.source, e))?
+        .map_err(|e| storage_error(&req.source, e))?;
+    // Refused before its body is read: the whole file, and the table made of it, would
+    // be held in the host's memory.
+    let max = svc.limits().max_dataset_bytes;
+    if got.meta.size > max {
+        return Err(ActivityError::InvalidInput(format!(
+            "field \"source\" is {}: {} bytes, over the limit of {max} bytes for a file embed_dataset reads whole into memory (--max-dataset-bytes, 1/8 of the host's memory by default): split it into smaller files, or raise the limit on a host with the memory",
+            quote_uri(&req.source),
+            got.meta.size
+        )));
+    }
+    let bytes = got
         .bytes()
         .await
         .map_err(|e| storage_error(&req.source, e))?;
