@@ -31,7 +31,7 @@ use crate::{
     ActivityError, DeviceActivities,
 };
 
-/// Texts per engine call: small, so that other calls on the engine wait for little.
+/// Most texts per engine call: small, so that other calls on the engine wait for little.
 const CHUNK: usize = 64;
 /// Rows per part when the request names none.
 const DEFAULT_PART_ROWS: usize = 1000;
@@ -192,6 +192,27 @@ fn pair(
         };
     }
     Ok(Some(out))
+}
+
+/// The engine calls that embed `texts`, as ranges of it: at most [`CHUNK`] texts, and at
+/// most `max_chars` characters with the `prompt` characters before each, which is what the
+/// host's tokenizing reserve was sized for (`--max-total-chars`); a text alone over that
+/// still goes, alone.
+fn calls(texts: &[String], prompt: usize, max_chars: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut chars) = (0, 0);
+    for (i, t) in texts.iter().enumerate() {
+        let n = prompt + t.chars().count();
+        if i > start && (i - start == CHUNK || chars + n > max_chars) {
+            out.push(start..i);
+            (start, chars) = (i, 0);
+        }
+        chars += n;
+    }
+    if start < texts.len() {
+        out.push(start..texts.len());
+    }
+    out
 }
 
 /// The rows a request covers of a dataset of `n` rows, and whether that is all of them.
@@ -370,17 +391,18 @@ pub(crate) async fn run(
         }
         call.progress.reset();
         let (mut vectors, mut counts) = (Vec::with_capacity(b - a), Vec::with_capacity(b - a));
-        for (c, chunk) in table.texts[a..b].chunks(CHUNK).enumerate() {
+        let max_chars = svc.limits().max_total_chars;
+        for r in calls(&table.texts[a..b], prompt, max_chars) {
             let e = svc
                 .embed_resolved(
                     engine,
                     &resolved,
-                    chunk.to_vec(),
+                    table.texts[a + r.start..a + r.end].to_vec(),
                     call.progress,
                     call.priority(),
                 )
                 .await
-                .map_err(|e| e.counted_from(a + c * CHUNK))?;
+                .map_err(|e| e.counted_from(a + r.start))?;
             dims = e.dimensions;
             vectors.extend(e.vectors);
             counts.extend(e.token_counts);
@@ -503,6 +525,22 @@ mod tests {
         assert_eq!(row_range(&r, 10).unwrap(), (9, 10, false));
         let r = req(&format!(r#", "shard": {{"index": 0, "count": {count}}}"#)).unwrap();
         assert_eq!(row_range(&r, 10).unwrap(), (0, 0, false));
+    }
+
+    #[test]
+    fn calls_hold_at_most_64_texts_and_the_characters_of_one_embed_call() {
+        let texts =
+            |lens: &[usize]| -> Vec<String> { lens.iter().map(|&n| "a".repeat(n)).collect() };
+        assert_eq!(
+            calls(&texts(&[1; 130]), 0, 1000),
+            [0..64, 64..128, 128..130]
+        );
+        // 4 + 4 fit in 10 characters, a third does not; with a prompt of 2, 5 + 5 do.
+        assert_eq!(calls(&texts(&[4, 4, 4, 4]), 0, 10), [0..2, 2..4]);
+        assert_eq!(calls(&texts(&[3, 3, 3]), 2, 10), [0..2, 2..3]);
+        // A text over the bound alone goes alone.
+        assert_eq!(calls(&texts(&[2, 20, 2]), 0, 10), [0..1, 1..2, 2..3]);
+        assert!(calls(&[], 0, 10).is_empty());
     }
 
     #[test]
