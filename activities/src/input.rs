@@ -16,6 +16,15 @@ pub(crate) fn kind(v: &Value) -> &'static str {
     }
 }
 
+/// A value where a number was wanted, as a message shows it: a number as sent (short
+/// whatever was sent), anything else by its kind (a string may be megabytes).
+pub(crate) fn shown(v: &Value) -> String {
+    match v {
+        Value::Number(n) => n.to_string(),
+        other => kind(other).to_owned(),
+    }
+}
+
 pub(crate) fn invalid(msg: String) -> ActivityError {
     ActivityError::InvalidInput(msg)
 }
@@ -170,7 +179,8 @@ pub(crate) fn opt_positive(
         Some(v) => match v.as_u64() {
             Some(n) if n >= 1 => Ok(Some(n as usize)),
             _ => Err(invalid(format!(
-                "field \"{field}\" must be a positive integer, got {v}; {hint}"
+                "field \"{field}\" must be a positive integer, got {}; {hint}",
+                shown(v)
             ))),
         },
     }

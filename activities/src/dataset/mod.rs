@@ -26,7 +26,7 @@ use self::{
     table::{Columns, Format},
 };
 use crate::{
-    input::{invalid, kind, object, opt_bool, opt_positive, opt_string, quote, quote_uri},
+    input::{invalid, kind, object, opt_bool, opt_positive, opt_string, quote, quote_uri, shown},
     service::{Call, EmbedSpec},
     ActivityError, DeviceActivities,
 };
@@ -182,11 +182,7 @@ fn pair(
             found => {
                 return Err(invalid(format!(
                     "field \"{field}.{key}\" must be a non-negative integer, got {}: pass {shape}",
-                    found.map_or("nothing".to_owned(), |(v, _)| match v {
-                        // A number is short whatever was sent: show it.
-                        Value::Number(_) => v.to_string(),
-                        _ => kind(v).to_owned(),
-                    })
+                    found.map_or("nothing".to_owned(), |(v, _)| shown(v))
                 )));
             }
         };
@@ -552,7 +548,7 @@ mod tests {
             (r#", "surprise": 1"#, "surprise"),
             (
                 r#", "part_rows": "10""#,
-                "field \"part_rows\" must be a positive integer",
+                "field \"part_rows\" must be a positive integer, got a string;",
             ),
             (r#", "part_rows": 100001"#, "use 1 to 100000"),
             (r#", "format": 5"#, "field \"format\" must be a string"),

@@ -206,15 +206,6 @@ impl DataRoots {
                 for part in rest.into_iter().rev().flatten() {
                     out.push(part);
                 }
-                // A file where the output folder would be makes every write fail, and the
-                // store reports that as a generic error, which would be retried forever.
-                if let Some(file) = out.ancestors().find(|a| a.is_file()) {
-                    return Err(ActivityError::InvalidInput(format!(
-                        "field \"{field}\" is {}: {} is a file, not a folder; name a folder to write under",
-                        quote_uri(uri),
-                        quote_uri(&file.display().to_string())
-                    )));
-                }
                 out
             }
         };
@@ -224,6 +215,18 @@ impl DataRoots {
                 uri,
                 "it is outside the data roots (after following symlinks)",
             ));
+        }
+        // A file where the output folder would be makes every write fail, and the store
+        // reports that as a generic error, which would be retried forever. Checked inside
+        // the roots only, so the answer says nothing about files outside them.
+        if access == Access::Write {
+            if let Some(file) = resolved.ancestors().find(|a| a.is_file()) {
+                return Err(ActivityError::InvalidInput(format!(
+                    "field \"{field}\" is {}: {} is a file, not a folder; name a folder to write under",
+                    quote_uri(uri),
+                    quote_uri(&file.display().to_string())
+                )));
+            }
         }
         let store = self
             .local
@@ -311,6 +314,9 @@ mod tests {
         }
         let uri = format!("file://{}/new/sub/", dir.path().display());
         assert!(r.resolve("output", &uri, Access::Write).is_ok());
+        // Outside the roots a file is not told apart from a folder.
+        let m = refused(&r, "file:///etc/passwd/", Access::Write);
+        assert!(m.contains("outside the data roots"), "{m}");
     }
 
     #[test]

@@ -329,7 +329,7 @@ fn read_jsonl(bytes: &[u8], cols: &Columns) -> Result<Table, ActivityError> {
         };
         let id = get("id_column", cols.id)?;
         if !(id.is_i64() || id.is_string()) {
-            let want = "an integer within 64 bits or a string";
+            let want = "a signed 64-bit integer or a string";
             return Err(cols.json_value(cols.id, row, &id, want));
         }
         match get("text_column", cols.text)? {
