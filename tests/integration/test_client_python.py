@@ -211,13 +211,23 @@ def test_a_bad_dataset_job_fails_its_workflow_with_invalid_input(temporal_addres
                        ({"request": request, "shards": 2, "heartbeat_timeout_s": "60"},
                         "heartbeat_timeout_s"),
                        ({"request": request, "shards": 2, "start_to_close_s": -1},
-                        "start_to_close_s")]:
+                        "start_to_close_s"),
+                       # timedelta overflows past ~3e13 s: an OverflowError in the task.
+                       ({"request": request, "shards": 2, "heartbeat_timeout_s": 1e14},
+                        "heartbeat_timeout_s"),
+                       ({"request": request, "shards": 2, "task_queue": 7}, "task_queue"),
+                       (["not", "an", "object"], "the job")]:
         with pytest.raises(WorkflowFailureError) as info:
             run(temporal_address, "gpulane.EmbedDatasetJob", job, timeout=30)
         cause = info.value.cause
         assert isinstance(cause, ApplicationError), (job, cause)
         assert (cause.type, cause.non_retryable) == ("InvalidInput", True), (job, cause)
         assert field in cause.message, (job, cause.message)
+    # A caller's string is not repeated in the message.
+    job = {"request": request, "shards": "x" * 10_000}
+    with pytest.raises(WorkflowFailureError) as info:
+        run(temporal_address, "gpulane.EmbedDatasetJob", job, timeout=30)
+    assert "shards is str" in info.value.cause.message and "xxx" not in info.value.cause.message
 
 
 def test_a_sharded_dataset_job_gathers_every_manifest(temporal_address, gpulane, tmp_path):

@@ -361,6 +361,14 @@ export interface EmbedDatasetJobInput {
   start_to_close_s?: number;
 }
 
+/** The longest timeout a job may ask for, in seconds (10 years). */
+const MAX_SECONDS = 10 * 365 * 24 * 3600;
+
+/** A job field's value as a failure message shows it: numbers whole, else the type. */
+function shown(value: unknown): string {
+  return typeof value === 'number' ? String(value) : value === null ? 'null' : typeof value;
+}
+
 /**
  * A workflow: a large dataset over every card, as `embed_dataset` once per shard in
  * parallel; the shards' manifests, in shard order. Register it by exporting it from your
@@ -370,19 +378,29 @@ export interface EmbedDatasetJobInput {
  */
 export async function embedDatasetJob(job: EmbedDatasetJobInput): Promise<Manifest[]> {
   // A bad job fails the workflow with InvalidInput: a TypeError would fail the workflow
-  // task, which Temporal retries forever.
+  // task, which Temporal retries forever. Messages show a value's type, or the number
+  // itself, never a caller's string whole.
+  if (typeof job !== 'object' || job === null || Array.isArray(job)) {
+    throw new InvalidInput('embedDatasetJob: the job must be an object with request and shards');
+  }
   if (typeof job.request !== 'object' || job.request === null || Array.isArray(job.request)) {
     throw new InvalidInput('embedDatasetJob: request must be the embed_dataset request, an object');
   }
-  const shards = job.shards;
-  if (!Number.isInteger(shards) || shards < 1) {
-    throw new InvalidInput(`embedDatasetJob: shards must be an integer of at least 1, not ${String(shards)}`);
+  const shards: unknown = job.shards;
+  if (typeof shards !== 'number' || !Number.isInteger(shards) || shards < 1) {
+    throw new InvalidInput(`embedDatasetJob: shards must be an integer of at least 1, not ${shown(shards)}`);
   }
   for (const key of ['heartbeat_timeout_s', 'start_to_close_s'] as const) {
     const value: unknown = job[key];
-    if (value !== undefined && !(typeof value === 'number' && Number.isFinite(value) && value > 0)) {
-      throw new InvalidInput(`embedDatasetJob: ${key} must be a number of seconds above 0, not ${String(value)}`);
+    if (value !== undefined && !(typeof value === 'number' && value > 0 && value <= MAX_SECONDS)) {
+      throw new InvalidInput(
+        `embedDatasetJob: ${key} must be a number of seconds above 0 and at most ${MAX_SECONDS} (10 years), not ${shown(value)}`
+      );
     }
+  }
+  const queue: unknown = job.task_queue;
+  if (queue !== undefined && !(typeof queue === 'string' && queue !== '')) {
+    throw new InvalidInput(`embedDatasetJob: task_queue must be a task queue name, not ${shown(queue)}`);
   }
   if (job.request.shard !== undefined || job.request.rows !== undefined) {
     throw new InvalidInput('embedDatasetJob: the job picks the shards; leave shard and rows out of the request');

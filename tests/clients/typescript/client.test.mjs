@@ -339,6 +339,8 @@ describe('against gpulane workers', () => {
       [{ shards: 2 }, 'request'],
       [{ request, shards: 2, heartbeat_timeout_s: '60' }, 'heartbeat_timeout_s'],
       [{ request, shards: 2, start_to_close_s: -1 }, 'start_to_close_s'],
+      [{ request, shards: 2, task_queue: 7 }, 'task_queue'],
+      [null, 'the job must be an object'],
     ]) {
       const h = await run(PIN, 'embedDatasetJob', [job], { workflowExecutionTimeout: '30s' });
       const e = await h.result().then(() => assert.fail('completed'), (x) => x);

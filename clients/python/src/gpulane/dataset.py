@@ -18,6 +18,19 @@ from .types import EmbedDatasetRequest, Manifest
 from . import workflow as _wf
 
 
+# Timeouts past this (10 years) overflow `timedelta` long before Temporal would refuse them.
+_MAX_SECONDS = 10 * 365 * 24 * 3600
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _shown(v: Any) -> str:
+    """A job field's value as a failure message shows it: numbers whole, else the type."""
+    return repr(v) if _is_number(v) else type(v).__name__
+
+
 @workflow.defn(name="gpulane.EmbedDatasetJob")
 class EmbedDatasetJob:
     """Input: {"request": <EmbedDatasetRequest without shard/rows>, "shards": N, and
@@ -27,22 +40,31 @@ class EmbedDatasetJob:
     not a number of seconds) fails the workflow with `InvalidInput`."""
 
     @workflow.run
-    async def run(self, job: Dict[str, Any]) -> List[Dict[str, Any]]:
+    async def run(self, job: Any) -> List[Dict[str, Any]]:
+        # `Any`, not a dict: with a dict hint the SDK's converter fails the workflow task on
+        # a job that is not an object, before the checks below can fail the workflow.
         # A bad job fails the workflow with InvalidInput: an exception of another type
-        # would fail the workflow task, which Temporal retries forever.
+        # would fail the workflow task, which Temporal retries forever. Messages show a
+        # value's type, or the number itself, never a caller's string whole.
+        if not isinstance(job, dict):
+            raise InvalidInput(f"the job is {type(job).__name__}; give an object with "
+                               "\"request\" and \"shards\"")
         request = job.get("request")
         if not isinstance(request, dict):
             raise InvalidInput(f"request is {type(request).__name__}; give the embed_dataset "
                                "request as an object")
         request = dict(request)
         shards = job.get("shards")
-        if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
-            raise InvalidInput(f"shards is {shards!r}; give a whole number of at least 1")
+        if not _is_number(shards) or not isinstance(shards, int) or shards < 1:
+            raise InvalidInput(f"shards is {_shown(shards)}; give a whole number of at least 1")
         for key in ("heartbeat_timeout_s", "start_to_close_s"):
             value = job.get(key)
-            if key in job and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                               or not 0 < value < float("inf")):
-                raise InvalidInput(f"{key} is {value!r}; give a number of seconds above 0")
+            if key in job and not (_is_number(value) and 0 < value <= _MAX_SECONDS):
+                raise InvalidInput(f"{key} is {_shown(value)}; give a number of seconds above 0 "
+                                   f"and at most {_MAX_SECONDS:,} (10 years)")
+        if "task_queue" in job and not (isinstance(job["task_queue"], str) and job["task_queue"]):
+            raise InvalidInput(f"task_queue is {_shown(job['task_queue'])}; give a task queue "
+                               "name, or leave it out for gpu-tools")
         if "shard" in request or "rows" in request:
             raise InvalidInput("the job picks the shards; leave shard and rows out of the request")
         options: Dict[str, Any] = {}
