@@ -497,6 +497,7 @@ pub struct RunArgs {
     /// Largest `embed_dataset` source file, which the job reads whole into memory: bytes
     /// (e.g. 4GiB) or a fraction of the host's memory, or of its cgroup's limit when lower
     /// (e.g. 0.25). A larger source fails with InvalidInput instead of exhausting memory.
+    /// Per activity: each shard of a job reads the whole file.
     #[arg(long, env = "GPULANE_MAX_DATASET_BYTES", default_value = "0.125")]
     pub max_dataset_bytes: String,
 
