@@ -190,23 +190,23 @@ fn pair(
     Ok(Some(out))
 }
 
-/// The engine calls that embed `texts`, as ranges of it: at most [`CHUNK`] texts, and at
-/// most `max_chars` characters with the `prompt` characters before each, which is what the
-/// host's tokenizing reserve was sized for (`--max-total-chars`); a text alone over that
-/// still goes, alone.
-fn calls(texts: &[String], prompt: usize, max_chars: usize) -> Vec<std::ops::Range<usize>> {
+/// The engine calls that embed texts of `lens` characters, as ranges of them: at most
+/// [`CHUNK`] texts, and at most `max_chars` characters with the `prompt` characters before
+/// each, which is what the host's tokenizing reserve was sized for (`--max-total-chars`);
+/// a text alone over that still goes, alone.
+fn calls(lens: &[usize], prompt: usize, max_chars: usize) -> Vec<std::ops::Range<usize>> {
     let mut out = Vec::new();
     let (mut start, mut chars) = (0, 0);
-    for (i, t) in texts.iter().enumerate() {
-        let n = prompt + t.chars().count();
+    for (i, &len) in lens.iter().enumerate() {
+        let n = prompt + len;
         if i > start && (i - start == CHUNK || chars + n > max_chars) {
             out.push(start..i);
             (start, chars) = (i, 0);
         }
         chars += n;
     }
-    if start < texts.len() {
-        out.push(start..texts.len());
+    if start < lens.len() {
+        out.push(start..lens.len());
     }
     out
 }
@@ -300,11 +300,15 @@ pub(crate) async fn run(
     // sizes its own calls.
     let limit = svc.limits().max_text_chars;
     let prompt = resolved.prompt_in_effect().map_or(0, |p| p.chars().count());
-    if let Some((row, chars)) = table.texts[start..end]
+    // Counted once: the parts' calls are cut by the same counts.
+    let lens: Vec<usize> = table.texts[start..end]
         .iter()
         .map(|t| t.chars().count())
+        .collect();
+    if let Some((row, &chars)) = lens
+        .iter()
         .enumerate()
-        .find(|&(_, chars)| prompt + chars > limit)
+        .find(|&(_, &chars)| prompt + chars > limit)
     {
         let with = match prompt {
             0 => String::new(),
@@ -363,6 +367,7 @@ pub(crate) async fn run(
     }
 
     let mut dims = resolved.dimensions;
+    let max_chars = svc.limits().max_total_chars;
     let mut progress = DatasetProgress {
         parts_done: kept.iter().cloned().collect(),
         rows_done: plan
@@ -387,8 +392,7 @@ pub(crate) async fn run(
         }
         call.progress.reset();
         let (mut vectors, mut counts) = (Vec::with_capacity(b - a), Vec::with_capacity(b - a));
-        let max_chars = svc.limits().max_total_chars;
-        for r in calls(&table.texts[a..b], prompt, max_chars) {
+        for r in calls(&lens[a - start..b - start], prompt, max_chars) {
             let e = svc
                 .embed_resolved(
                     engine,
@@ -525,17 +529,12 @@ mod tests {
 
     #[test]
     fn calls_hold_at_most_64_texts_and_the_characters_of_one_embed_call() {
-        let texts =
-            |lens: &[usize]| -> Vec<String> { lens.iter().map(|&n| "a".repeat(n)).collect() };
-        assert_eq!(
-            calls(&texts(&[1; 130]), 0, 1000),
-            [0..64, 64..128, 128..130]
-        );
+        assert_eq!(calls(&[1; 130], 0, 1000), [0..64, 64..128, 128..130]);
         // 4 + 4 fit in 10 characters, a third does not; with a prompt of 2, 5 + 5 do.
-        assert_eq!(calls(&texts(&[4, 4, 4, 4]), 0, 10), [0..2, 2..4]);
-        assert_eq!(calls(&texts(&[3, 3, 3]), 2, 10), [0..2, 2..3]);
+        assert_eq!(calls(&[4, 4, 4, 4], 0, 10), [0..2, 2..4]);
+        assert_eq!(calls(&[3, 3, 3], 2, 10), [0..2, 2..3]);
         // A text over the bound alone goes alone.
-        assert_eq!(calls(&texts(&[2, 20, 2]), 0, 10), [0..1, 1..2, 2..3]);
+        assert_eq!(calls(&[2, 20, 2], 0, 10), [0..1, 1..2, 2..3]);
         assert!(calls(&[], 0, 10).is_empty());
     }
 
