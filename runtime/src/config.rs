@@ -494,10 +494,11 @@ pub struct RunArgs {
     #[arg(long, env = "GPULANE_MAX_RESULT_BYTES", default_value_t = 2_000_000)]
     pub max_result_bytes: usize,
 
-    /// Largest `embed_dataset` source file, which the job reads whole into memory: bytes
-    /// (e.g. 4GiB) or a fraction of the host's memory, or of its cgroup's limit when lower
-    /// (e.g. 0.25). A larger source fails with InvalidInput instead of exhausting memory.
-    /// Per activity: each shard of a job reads the whole file.
+    /// Most one `embed_dataset` activity holds of its source: bytes (e.g. 4GiB) or a
+    /// fraction of the host's memory, or of its cgroup's limit when lower (e.g. 0.25). A
+    /// Parquet shard counts its rows' texts once decoded and every id (it reads no other
+    /// texts); JSON Lines and CSV, read whole, count the file's stored size. Over it, the job
+    /// fails with InvalidInput before the data is fetched, instead of exhausting memory.
     #[arg(long, env = "GPULANE_MAX_DATASET_BYTES", default_value = "0.125")]
     pub max_dataset_bytes: String,
 

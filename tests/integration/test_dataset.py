@@ -19,7 +19,7 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
 from conftest import cosine_and_max_abs, minilm_dir, workflow_env
-from datasets import PART, Local, Output, S3Prefix, encode, make_ids, texts, write_dataset
+from datasets import PART, Dataset, Local, Output, S3Prefix, encode, make_ids, texts, write_dataset
 
 DIMS = 384
 LATENCY_REPORT = pathlib.Path(os.environ.get("GPULANE_DATASET_LATENCY_JSON", "/tmp/gpulane-dataset-latency.json"))
@@ -506,6 +506,42 @@ def test_f_a_source_over_the_size_limit_fails_before_it_is_read(temporal_address
     assert not root.list("out/big/"), "a refused job wrote nothing"
     ok = try_dataset(temporal_address, "cpu-tools", req(small.uri, "small"), workers=[g])
     assert ok["ok"]["rows"] == 10, ok
+
+
+def test_f_a_parquet_source_over_the_limit_runs_in_shards_that_each_fit(temporal_address, gpulane, tmp_path):
+    """A Parquet shard reads its own rows' texts (and every id), so the limit bounds a
+    shard, not the file; and it counts the texts decoded, not the file's compressed size."""
+    root = Local(tmp_path / "root")
+    g = gpulane("--model", str(minilm_dir()), "--gpus", "none", "--data-root", root.root_uri,
+                "--max-dataset-bytes", "100000")
+    n, shards = 400, 8
+    ids = make_ids(n)
+    rows = [f"passage {i}: " + "the lane keeps its cards busy " * 34 for i in range(n)]
+    uri = root.put("big.parquet", encode("parquet", ids, rows, row_group_size=50))
+    data = Dataset(uri, ids, rows)
+    stored = len(root.get("big.parquet"))
+    print(f"\n[f] {n} rows of ~{len(rows[0])} characters: {stored} bytes stored, "
+          f"{sum(map(len, rows))} of text")
+    assert stored < 100_000 < sum(map(len, rows)), "compressed under the limit, decoded over it"
+
+    def req(out):
+        return {"source": uri, "id_column": "id", "text_column": "text", "output": root.uri(f"out/{out}/")}
+
+    whole = try_dataset(temporal_address, "cpu-tools", req("whole"), workers=[g])
+    assert "error" in whole, whole
+    err = whole["error"]
+    assert err["type"] == "InvalidInput" and err["non_retryable"] is True, err
+    print(f"[f] {err['message']}")
+    for fragment in (uri, "rows 0 to 400", "over the limit of 100000 bytes", "--max-dataset-bytes",
+                     "more shards"):
+        assert names(err["message"], fragment), (fragment, err["message"])
+    assert not root.list("out/whole/"), "a refused job wrote nothing"
+
+    manifests = run_wf(temporal_address, "EmbedDatasetShards", req("shards"), shards, "cpu-tools",
+                       timeout=300, workers=[g])
+    assert [(m["start"], m["end"]) for m in manifests] == [(i * 50, i * 50 + 50) for i in range(shards)]
+    out = Output(root, "out/shards/", DIMS)
+    out.check_complete(data, root, "out/shards/")
 
 
 # --- g. the data roots hold --------------------------------------------------------------

@@ -8,7 +8,9 @@
 //! interactive `embed` arriving meanwhile waits for at most one small call of the job, and
 //! a call with a more urgent Temporal priority goes ahead of the job's rows.
 
+mod parquet;
 mod parts;
+mod source;
 mod storage;
 mod table;
 
@@ -22,8 +24,9 @@ use serde_json::{Map, Value};
 pub use self::storage::DataRoots;
 use self::{
     parts::{encode, manifest_name, part_name, PartMeta},
+    source::{load, Source},
     storage::{storage_error, Access},
-    table::{Columns, Format},
+    table::{Format, Span},
 };
 use crate::{
     input::{invalid, kind, object, opt_bool, opt_positive, opt_string, quote, quote_uri, shown},
@@ -211,8 +214,8 @@ fn calls(lens: &[usize], prompt: usize, max_chars: usize) -> Vec<std::ops::Range
     out
 }
 
-/// The rows a request covers of a dataset of `n` rows, and whether that is all of them.
-fn row_range(req: &EmbedDatasetRequest, n: usize) -> Result<(usize, usize, bool), ActivityError> {
+/// The rows a request covers of a dataset of `n` rows.
+fn row_range(req: &EmbedDatasetRequest, n: usize) -> Result<Span, ActivityError> {
     // In u128: `(index + 1) · n` overflows usize for an index near usize::MAX, and `parse`
     // only bounds the index by the count. Each bound is at most n, so it fits back.
     let slice = |s: Shard, i: usize| (i as u128 * n as u128 / s.count as u128) as usize;
@@ -230,7 +233,11 @@ fn row_range(req: &EmbedDatasetRequest, n: usize) -> Result<(usize, usize, bool)
         }
         (None, None) => (0, n),
     };
-    Ok((start, end, start == 0 && end == n))
+    Ok(Span {
+        start,
+        end,
+        whole: start == 0 && end == n,
+    })
 }
 
 /// Runs one `embed_dataset` request on `engine` (see the module doc).
@@ -258,53 +265,24 @@ pub(crate) async fn run(
         prompt_name: req.prompt_name.clone(),
     };
     let resolved = spec.resolve(engine)?;
-    let got = src
-        .store
-        .get(&src.path)
-        .await
-        .map_err(|e| storage_error(&req.source, e))?;
-    // Refused before its body is read: the whole file, and the table made of it, would
-    // be held in the host's memory.
-    let max = svc.limits().max_dataset_bytes;
-    if got.meta.size > max {
-        return Err(ActivityError::InvalidInput(format!(
-            "field \"source\" is {}: {} bytes, over the limit of {max} bytes for a file embed_dataset reads whole into memory (--max-dataset-bytes, 1/8 of the host's memory by default): split it into smaller files, or raise the limit on a host with the memory",
-            quote_uri(&req.source),
-            got.meta.size
-        )));
-    }
-    let bytes = got
-        .bytes()
-        .await
-        .map_err(|e| storage_error(&req.source, e))?;
-    let (id_col, text_col, uri) = (
-        req.id_column.clone(),
-        req.text_column.clone(),
-        req.source.clone(),
-    );
-    let table = tokio::task::spawn_blocking(move || {
-        let cols = Columns {
-            id: &id_col,
-            text: &text_col,
-            uri: &uri,
-        };
-        table::read(bytes, format, &cols)
-    })
-    .await
-    .map_err(|e| ActivityError::Internal(format!("reading the dataset: {e}")))??;
-    let table = Arc::new(table);
-    let n = table.texts.len();
-    let (start, end, whole) = row_range(&req, n)?;
+    let source = Source {
+        at: &src,
+        uri: &req.source,
+        format,
+        id_column: &req.id_column,
+        text_column: &req.text_column,
+        max_bytes: svc.limits().max_dataset_bytes,
+    };
+    let span_req = req.clone();
+    let table = Arc::new(load(source, move |n| row_range(&span_req, n)).await?);
+    let Span { start, end, whole } = table.span;
     // Every row of the range, with the prompt that goes before it, against the per-text
     // limit, before any part is written. `embed`'s per-call total does not apply: the job
     // sizes its own calls.
     let limit = svc.limits().max_text_chars;
     let prompt = resolved.prompt_in_effect().map_or(0, |p| p.chars().count());
     // Counted once: the parts' calls are cut by the same counts.
-    let lens: Vec<usize> = table.texts[start..end]
-        .iter()
-        .map(|t| t.chars().count())
-        .collect();
+    let lens: Vec<usize> = table.texts.iter().map(|t| t.chars().count()).collect();
     if let Some((row, &chars)) = lens
         .iter()
         .enumerate()
@@ -397,7 +375,7 @@ pub(crate) async fn run(
                 .embed_resolved(
                     engine,
                     &resolved,
-                    table.texts[a + r.start..a + r.end].to_vec(),
+                    table.texts[a - start + r.start..a - start + r.end].to_vec(),
                     call.progress,
                     call.priority(),
                 )
@@ -503,18 +481,30 @@ mod tests {
         let mut next = 0;
         for index in 0..4 {
             let r = req(&format!(r#", "shard": {{"index": {index}, "count": 4}}"#)).unwrap();
-            let (a, b, whole) = row_range(&r, n).unwrap();
+            let Span {
+                start: a,
+                end: b,
+                whole,
+            } = row_range(&r, n).unwrap();
             assert_eq!(a, next);
             assert!(!whole);
             covered += b - a;
             next = b;
         }
         assert_eq!((covered, next), (n, n));
-        assert!(row_range(&req("").unwrap(), n).unwrap().2);
+        assert!(row_range(&req("").unwrap(), n).unwrap().whole);
     }
 
     /// `(index + 1) · n` overflowed for an index near usize::MAX: a panic the worker
     /// caught and reported as a retryable internal error, on every retry.
+    fn span(start: usize, end: usize) -> Span {
+        Span {
+            start,
+            end,
+            whole: false,
+        }
+    }
+
     #[test]
     fn a_shard_index_near_the_largest_integer_gives_its_slice() {
         let (index, count) = (usize::MAX - 1, usize::MAX);
@@ -522,9 +512,9 @@ mod tests {
             r#", "shard": {{"index": {index}, "count": {count}}}"#
         ))
         .unwrap();
-        assert_eq!(row_range(&r, 10).unwrap(), (9, 10, false));
+        assert_eq!(row_range(&r, 10).unwrap(), span(9, 10));
         let r = req(&format!(r#", "shard": {{"index": 0, "count": {count}}}"#)).unwrap();
-        assert_eq!(row_range(&r, 10).unwrap(), (0, 0, false));
+        assert_eq!(row_range(&r, 10).unwrap(), span(0, 0));
     }
 
     #[test]

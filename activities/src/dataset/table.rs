@@ -4,10 +4,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use arrow_array::{cast::AsArray, types, Array, ArrayRef, RecordBatch};
+use arrow_array::{cast::AsArray, types, Array, ArrayRef};
 use arrow_schema::DataType;
-use bytes::Bytes;
-use parquet::arrow::{arrow_reader::ParquetRecordBatchReaderBuilder, ProjectionMask};
 
 use crate::{
     input::{kind, quote, quote_uri},
@@ -84,11 +82,22 @@ impl Ids {
     }
 }
 
-/// A dataset's rows: ids and texts in file order.
+/// The rows a job covers of a dataset: `[start, end)`, and whether that is all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub start: usize,
+    pub end: usize,
+    pub whole: bool,
+}
+
+/// What a job reads of a dataset: the ids of every row (checked unique across the file,
+/// so that every shard agrees), and the texts of its span's rows, `texts[i]` being row
+/// `span.start + i`.
 #[derive(Debug)]
 pub(crate) struct Table {
     pub ids: Ids,
     pub texts: Vec<String>,
+    pub span: Span,
 }
 
 /// Which columns to read, and the file they come from (for messages).
@@ -99,7 +108,7 @@ pub(crate) struct Columns<'a> {
 }
 
 impl Columns<'_> {
-    fn missing(&self, which: &str, name: &str, have: &[String]) -> ActivityError {
+    pub(super) fn missing(&self, which: &str, name: &str, have: &[String]) -> ActivityError {
         ActivityError::InvalidInput(format!(
             "field \"{which}\": {} is not a column of {}; its columns are {have:?}",
             quote(name),
@@ -107,14 +116,14 @@ impl Columns<'_> {
         ))
     }
 
-    fn malformed(&self, why: impl std::fmt::Display) -> ActivityError {
+    pub(super) fn malformed(&self, why: impl std::fmt::Display) -> ActivityError {
         ActivityError::InvalidInput(format!(
             "{} is not a valid file of its format: {why}",
             quote_uri(self.uri)
         ))
     }
 
-    fn null(&self, column: &str, row: usize) -> ActivityError {
+    pub(super) fn null(&self, column: &str, row: usize) -> ActivityError {
         ActivityError::InvalidInput(format!(
             "row {row} of {} has no value in column {}: every row needs an id and a text",
             quote_uri(self.uri),
@@ -144,83 +153,41 @@ impl Columns<'_> {
     }
 }
 
-/// Reads the id and text columns of `bytes` in `format`, refusing duplicate ids.
-pub(crate) fn read(bytes: Bytes, format: Format, cols: &Columns) -> Result<Table, ActivityError> {
-    let table = match format {
-        Format::Parquet => read_parquet(bytes, cols)?,
-        Format::JsonLines => read_jsonl(&bytes, cols)?,
-        Format::Csv => read_csv(&bytes, cols)?,
+/// Reads the id and text columns of `bytes`, a JSON Lines or CSV file (there is no
+/// reading part of one), and keeps the texts of the span `span_of(rows in the file)` gives.
+pub(crate) fn read(
+    bytes: &[u8],
+    format: Format,
+    cols: &Columns,
+    span_of: impl FnOnce(usize) -> Result<Span, ActivityError>,
+) -> Result<Table, ActivityError> {
+    let (ids, mut texts) = match format {
+        Format::JsonLines => read_jsonl(bytes, cols)?,
+        Format::Csv => read_csv(bytes, cols)?,
+        Format::Parquet => unreachable!("Parquet is read by its row groups; this is a bug"),
     };
-    if let Some((id, first, again)) = table.ids.duplicate() {
-        return Err(ActivityError::InvalidInput(format!(
+    unique(&ids, cols)?;
+    let span = span_of(texts.len())?;
+    texts.truncate(span.end);
+    texts.drain(..span.start);
+    Ok(Table { ids, texts, span })
+}
+
+/// Refuses duplicate ids, naming the first one and both its rows.
+pub(super) fn unique(ids: &Ids, cols: &Columns) -> Result<(), ActivityError> {
+    match ids.duplicate() {
+        Some((id, first, again)) => Err(ActivityError::InvalidInput(format!(
             "column {} of {} has duplicates: id {} is at rows {first} and {again}; ids must be unique, since each names one output row",
             quote(cols.id),
             quote_uri(cols.uri),
             quote(&id)
-        )));
+        ))),
+        None => Ok(()),
     }
-    Ok(table)
-}
-
-fn read_parquet(bytes: Bytes, cols: &Columns) -> Result<Table, ActivityError> {
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| cols.malformed(e))?;
-    let names: Vec<String> = builder
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
-    let index = |which: &str, name: &str| {
-        names
-            .iter()
-            .position(|n| n == name)
-            .ok_or_else(|| cols.missing(which, name, &names))
-    };
-    let (id_at, text_at) = (
-        index("id_column", cols.id)?,
-        index("text_column", cols.text)?,
-    );
-    let mask = ProjectionMask::roots(builder.parquet_schema(), [id_at, text_at]);
-    let reader = builder
-        .with_projection(mask)
-        .build()
-        .map_err(|e| cols.malformed(e))?;
-    let mut int_ids = Vec::new();
-    let mut str_ids = Vec::new();
-    let mut texts = Vec::new();
-    for batch in reader {
-        let batch: RecordBatch = batch.map_err(|e| cols.malformed(e))?;
-        let first = texts.len();
-        let id = batch.column_by_name(cols.id).expect("projected");
-        let text = batch.column_by_name(cols.text).expect("projected");
-        strings(text, cols.text, first, cols, &mut texts)?;
-        match id.data_type() {
-            DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64 => {
-                let ints = arrow_int64(id)?;
-                for (i, v) in ints.iter().enumerate() {
-                    int_ids.push(v.ok_or_else(|| cols.null(cols.id, first + i))?);
-                }
-            }
-            _ => strings(id, cols.id, first, cols, &mut str_ids)?,
-        }
-    }
-    let ids = if str_ids.is_empty() {
-        Ids::Int(int_ids)
-    } else {
-        Ids::Str(str_ids)
-    };
-    Ok(Table { ids, texts })
 }
 
 /// An integer column as i64 (unsigned values past i64's range are refused).
-fn arrow_int64(a: &ArrayRef) -> Result<Vec<Option<i64>>, ActivityError> {
+pub(super) fn arrow_int64(a: &ArrayRef) -> Result<Vec<Option<i64>>, ActivityError> {
     macro_rules! widen {
         ($t:ty) => {
             a.as_primitive::<$t>()
@@ -256,7 +223,7 @@ fn arrow_int64(a: &ArrayRef) -> Result<Vec<Option<i64>>, ActivityError> {
 }
 
 /// Appends a string column's values to `out`, refusing nulls and non-string types.
-fn strings(
+pub(super) fn strings(
     a: &ArrayRef,
     column: &str,
     first: usize,
@@ -310,7 +277,7 @@ fn ids_from(raw: Vec<serde_json::Value>) -> Ids {
     }
 }
 
-fn read_jsonl(bytes: &[u8], cols: &Columns) -> Result<Table, ActivityError> {
+fn read_jsonl(bytes: &[u8], cols: &Columns) -> Result<(Ids, Vec<String>), ActivityError> {
     let text = std::str::from_utf8(bytes).map_err(|e| cols.malformed(e))?;
     let (mut ids, mut texts) = (Vec::new(), Vec::new());
     for (line_no, line) in text.lines().enumerate() {
@@ -338,13 +305,10 @@ fn read_jsonl(bytes: &[u8], cols: &Columns) -> Result<Table, ActivityError> {
         }
         ids.push(id);
     }
-    Ok(Table {
-        ids: ids_from(ids),
-        texts,
-    })
+    Ok((ids_from(ids), texts))
 }
 
-fn read_csv(bytes: &[u8], cols: &Columns) -> Result<Table, ActivityError> {
+fn read_csv(bytes: &[u8], cols: &Columns) -> Result<(Ids, Vec<String>), ActivityError> {
     let mut r = csv::ReaderBuilder::new()
         .has_headers(true)
         .from_reader(bytes);
@@ -372,15 +336,26 @@ fn read_csv(bytes: &[u8], cols: &Columns) -> Result<Table, ActivityError> {
         });
         texts.push(text.to_owned());
     }
-    Ok(Table {
-        ids: ids_from(ids),
-        texts,
-    })
+    Ok((ids_from(ids), texts))
 }
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
+
+    /// The whole file, as bytes.
+    fn read(b: Bytes, format: Format, cols: &Columns) -> Result<Table, ActivityError> {
+        let all = |n| {
+            Ok(Span {
+                start: 0,
+                end: n,
+                whole: true,
+            })
+        };
+        super::read(&b, format, cols, all)
+    }
 
     fn cols() -> Columns<'static> {
         Columns {
@@ -430,6 +405,22 @@ mod tests {
     }
 
     #[test]
+    fn a_span_keeps_its_texts_and_every_id() {
+        let cols = cols();
+        let span = |n: usize| {
+            assert_eq!(n, 3);
+            Ok(Span {
+                start: 1,
+                end: 2,
+                whole: false,
+            })
+        };
+        let t = super::read(b"id,text\n7,a\n8,b\n9,c\n", Format::Csv, &cols, span).unwrap();
+        assert_eq!(t.ids, Ids::Int(vec![7, 8, 9]));
+        assert_eq!(t.texts, vec!["b".to_owned()]);
+    }
+
+    #[test]
     fn problems_name_the_column_row_or_id() {
         let m = read(Bytes::from("id,body\n1,a\n"), Format::Csv, &cols())
             .unwrap_err()
@@ -471,12 +462,5 @@ mod tests {
                 .to_string();
             assert!(m.contains(found), "{line}: {m}");
         }
-        let m = read(Bytes::from("not parquet"), Format::Parquet, &cols())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            m.contains("file:///d/x") && m.contains("not a valid"),
-            "{m}"
-        );
     }
 }
