@@ -11,10 +11,6 @@ pub struct Limits {
     /// Largest result in bytes of JSON. Temporal refuses payloads over 2 MB by default
     /// (and retries such a completion forever), so gpulane checks before returning.
     pub max_result_bytes: usize,
-    /// Largest `embed_dataset` source file: the job reads it whole into memory, so one
-    /// larger than the host could hold would get the worker killed with every activity it
-    /// runs. The runtime sets it from the host's memory; unbounded by default.
-    pub max_dataset_bytes: u64,
 }
 
 impl Default for Limits {
@@ -24,7 +20,6 @@ impl Default for Limits {
             max_text_chars: 100_000,
             max_total_chars: 1_000_000,
             max_result_bytes: 2_000_000,
-            max_dataset_bytes: u64::MAX,
         }
     }
 }

@@ -284,6 +284,7 @@ struct Inner {
     limits: Limits,
     fault_hooks: bool,
     data_roots: DataRoots,
+    max_dataset_bytes: u64,
     dataset_observer: Option<Arc<dyn DatasetObserver>>,
 }
 
@@ -304,6 +305,8 @@ impl DeviceActivities {
                 limits,
                 fault_hooks: false,
                 data_roots: DataRoots::default(),
+                // With no roots no dataset is read; `with_datasets` sets both.
+                max_dataset_bytes: 0,
                 dataset_observer: None,
             }),
         }
@@ -318,21 +321,28 @@ impl DeviceActivities {
         self
     }
 
-    /// Where `embed_dataset` may read and write, and who hears about its parts.
+    /// Where `embed_dataset` may read and write, the most bytes of its source one activity
+    /// may hold in memory (see `--max-dataset-bytes`), and who hears about its parts.
     pub fn with_datasets(
         mut self,
         roots: DataRoots,
+        max_bytes: u64,
         observer: Option<Arc<dyn DatasetObserver>>,
     ) -> Self {
         let inner = Arc::get_mut(&mut self.inner)
             .expect("data roots are set before the activities are shared; this is a bug");
         inner.data_roots = roots;
+        inner.max_dataset_bytes = max_bytes;
         inner.dataset_observer = observer;
         self
     }
 
     pub(crate) fn data_roots(&self) -> &DataRoots {
         &self.inner.data_roots
+    }
+
+    pub(crate) fn max_dataset_bytes(&self) -> u64 {
+        self.inner.max_dataset_bytes
     }
 
     pub(crate) fn dataset_observer(&self) -> Option<Arc<dyn DatasetObserver>> {

@@ -164,7 +164,8 @@ pub(crate) struct Settings {
     pub headroom: Headroom,
     /// `--host-memory-headroom`: host memory the CPU lanes never promise.
     pub host_headroom: Headroom,
-    /// `--max-dataset-bytes`, resolved against the host's memory when a device loads.
+    /// `--max-dataset-bytes`, resolved against the host's memory when a device loads (it
+    /// needs the host, which is found after the settings).
     pub max_dataset: Headroom,
     /// `--vram-cost` overrides by model name.
     pub vram_costs: Vec<(String, u64)>,
@@ -308,8 +309,6 @@ impl Settings {
                 max_text_chars: args.max_text_chars,
                 max_total_chars: args.max_total_chars,
                 max_result_bytes: args.max_result_bytes,
-                // Set per device from `max_dataset` (see startup::load_device).
-                ..Limits::default()
             },
             headroom: Headroom::parse("--vram-headroom", &args.vram_headroom).map_err(config)?,
             host_headroom: Headroom::parse("--host-memory-headroom", &args.host_memory_headroom)

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use gpulane_activities::{DeviceActivities, Limits, ModelSet};
+use gpulane_activities::{DeviceActivities, ModelSet};
 use gpulane_models::{DType, Engine, EngineDevice, EngineOptions, ModelKind, Tokenizing};
 use gpulane_proto::activity;
 
@@ -302,15 +302,13 @@ pub(crate) fn load_device(
         ModelSet::new(engines.iter().map(|(_, e)| e.clone()).collect()),
         plan.device_info(),
         plan.host_queue.clone(),
-        Limits {
-            // A dataset is read into the host's memory, whichever device embeds it.
-            max_dataset_bytes: settings.max_dataset.bytes(host.memory.total()),
-            ..settings.limits
-        },
+        settings.limits,
     )
     .with_fault_hooks(settings.test_faults)
     .with_datasets(
         settings.data_roots.clone(),
+        // A dataset is read into the host's memory, whichever device embeds it.
+        settings.max_dataset.bytes(host.memory.total()),
         Some(metrics.datasets(plan.label())),
     );
     // Loaded whole: the weights stay held as long as the engines.

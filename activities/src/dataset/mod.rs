@@ -271,7 +271,7 @@ pub(crate) async fn run(
         format,
         id_column: &req.id_column,
         text_column: &req.text_column,
-        max_bytes: svc.limits().max_dataset_bytes,
+        max_bytes: svc.max_dataset_bytes(),
     };
     let span_req = req.clone();
     let table = Arc::new(load(source, move |n| row_range(&span_req, n)).await?);
@@ -495,8 +495,6 @@ mod tests {
         assert!(row_range(&req("").unwrap(), n).unwrap().whole);
     }
 
-    /// `(index + 1) · n` overflowed for an index near usize::MAX: a panic the worker
-    /// caught and reported as a retryable internal error, on every retry.
     fn span(start: usize, end: usize) -> Span {
         Span {
             start,
@@ -505,6 +503,8 @@ mod tests {
         }
     }
 
+    /// `(index + 1) · n` overflowed for an index near usize::MAX: a panic the worker
+    /// caught and reported as a retryable internal error, on every retry.
     #[test]
     fn a_shard_index_near_the_largest_integer_gives_its_slice() {
         let (index, count) = (usize::MAX - 1, usize::MAX);

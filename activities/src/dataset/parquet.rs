@@ -2,9 +2,9 @@
 //! footer first, then only the column chunks the job needs. Those are the id column of
 //! every row group (duplicate ids are refused across the whole file, as in the other
 //! formats, so every shard agrees on them) and the text column of the row groups that hold
-//! the range. A shard of a large file so holds its own texts, not the file's, and the
-//! memory it would take is checked against `--max-dataset-bytes` from the footer, before
-//! any of it is fetched.
+//! the range. A shard of a large file so holds its own texts, not the file's. The memory
+//! that takes is checked against `--max-dataset-bytes` from the footer before any of it is
+//! fetched, and counted again as rows are decoded, since a footer can understate it.
 //!
 //! The reading is synchronous (it runs on the blocking pool) and gets its bytes through a
 //! caller's `fetch`, so the store behind it, and the count of bytes fetched, stay outside.
@@ -27,23 +27,88 @@ use parquet::{
 use super::table::{arrow_int64, strings, unique, Columns, Ids, Span, Table};
 use crate::{input::quote_uri, ActivityError};
 
-/// Rows decoded at a time.
-const BATCH: usize = 8192;
+/// Ids decoded at a time.
+const ID_BATCH: usize = 8192;
+/// Texts decoded at a time: few, since the bytes held are counted after each batch.
+const TEXT_BATCH: usize = 256;
+/// What a row costs beside its text or id bytes: the `String` that holds it.
+const PER_ROW: u64 = std::mem::size_of::<String>() as u64;
 
 /// Gets byte ranges of the source, in order.
 pub(crate) type Fetch<'a> = dyn Fn(&[Range<u64>]) -> Result<Vec<Bytes>, ActivityError> + 'a;
 
-/// Fetches through a caller's `fetch`, counting the bytes.
+/// Fetches through a caller's `fetch`, counting the bytes, and refusing ranges the file
+/// does not have (a footer that points past the end is the file's fault, not storage's)
+/// and a single fetch over the limit (what the footer says a column chunk takes is not
+/// trusted until it is decoded).
 struct Fetcher<'a> {
     fetch: &'a Fetch<'a>,
+    size: u64,
+    max_bytes: u64,
     fetched: u64,
 }
 
 impl Fetcher<'_> {
-    fn get(&mut self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>, ActivityError> {
+    fn get(&mut self, ranges: &[Range<u64>], cols: &Columns) -> Result<Vec<Bytes>, ActivityError> {
+        if let Some(r) = ranges.iter().find(|r| r.end > self.size || r.start > r.end) {
+            return Err(cols.malformed(format!(
+                "its footer points at bytes {} to {}, outside its {} bytes",
+                r.start, r.end, self.size
+            )));
+        }
+        let more = ranges
+            .iter()
+            .fold(0u64, |sum, r| sum.saturating_add(r.end - r.start));
+        if more > self.max_bytes {
+            return Err(ActivityError::InvalidInput(format!(
+                "field \"source\" is {}: one of its column chunks takes {more} bytes, over the limit of {} bytes for what one embed_dataset activity holds in memory (--max-dataset-bytes): write it with smaller row groups, or raise the limit",
+                quote_uri(cols.uri),
+                self.max_bytes
+            )));
+        }
         let got = (self.fetch)(ranges)?;
         self.fetched += got.iter().map(|b| b.len() as u64).sum::<u64>();
         Ok(got)
+    }
+}
+
+/// The bytes the job holds of the file, against the limit: estimated from the footer
+/// before anything is fetched, then counted as rows are decoded, since a footer can
+/// understate them (a dictionary holds a repeated text once; a hostile footer, anything).
+struct Held<'a> {
+    cols: &'a Columns<'a>,
+    span: Span,
+    n: usize,
+    max_bytes: u64,
+    bytes: u64,
+}
+
+impl Held<'_> {
+    fn over(&self, how: &str) -> ActivityError {
+        ActivityError::InvalidInput(format!(
+            "field \"source\" is {}: rows {} to {} of its {} take {how} bytes once read (their texts, and the ids of every row), over the limit of {} bytes for what one embed_dataset activity holds in memory (--max-dataset-bytes, 1/8 of the host's memory by default): run the job in more shards (each reads only its own rows' texts), or raise the limit on a host with the memory",
+            quote_uri(self.cols.uri),
+            self.span.start,
+            self.span.end,
+            self.n,
+            self.max_bytes,
+        ))
+    }
+
+    /// Counts the strings of `v`.
+    fn strings(&mut self, v: &[String]) -> Result<(), ActivityError> {
+        let b = v
+            .iter()
+            .fold(0u64, |sum, s| sum.saturating_add(s.len() as u64 + PER_ROW));
+        self.add(b)
+    }
+
+    fn add(&mut self, bytes: u64) -> Result<(), ActivityError> {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.bytes > self.max_bytes {
+            return Err(self.over(&format!("at least {}", self.bytes)));
+        }
+        Ok(())
     }
 }
 
@@ -52,6 +117,12 @@ impl Fetcher<'_> {
 pub(crate) struct Read {
     pub table: Table,
     pub fetched: u64,
+}
+
+/// Rows of a row group as the footer gives them (a negative count is refused by the
+/// decoder; here it counts as none).
+fn rows_of(meta: &ParquetMetaData, group: usize) -> usize {
+    usize::try_from(meta.row_group(group).num_rows()).unwrap_or(0)
 }
 
 /// Reads the ids of the whole file and the texts of the rows `span_of(rows in the file)`
@@ -63,8 +134,13 @@ pub(crate) fn read(
     max_bytes: u64,
     span_of: impl FnOnce(usize) -> Result<Span, ActivityError>,
 ) -> Result<Read, ActivityError> {
-    let mut f = Fetcher { fetch, fetched: 0 };
-    let meta = Arc::new(metadata(&mut f, size, cols, max_bytes)?);
+    let mut f = Fetcher {
+        fetch,
+        size,
+        max_bytes,
+        fetched: 0,
+    };
+    let meta = Arc::new(metadata(&mut f, cols)?);
     let builder =
         ParquetPushDecoderBuilder::try_new_decoder(meta.clone()).map_err(|e| cols.malformed(e))?;
     let names: Vec<String> = builder
@@ -83,62 +159,67 @@ pub(crate) fn read(
         index("id_column", cols.id)?,
         index("text_column", cols.text)?,
     );
-    let groups = meta.row_groups();
-    let firsts: Vec<usize> = groups
-        .iter()
-        .scan(0usize, |at, g| {
-            let first = *at;
-            *at += usize::try_from(g.num_rows()).unwrap_or(0);
-            Some(first)
-        })
-        .collect();
-    let n = groups
-        .iter()
-        .map(|g| usize::try_from(g.num_rows()).unwrap_or(0))
-        .sum();
+    let groups = meta.num_row_groups();
+    let mut firsts = Vec::with_capacity(groups);
+    let mut n = 0usize;
+    for g in 0..groups {
+        firsts.push(n);
+        n = n.checked_add(rows_of(&meta, g)).ok_or_else(|| {
+            cols.malformed("its footer's row counts add up past the largest integer")
+        })?;
+    }
     let span = span_of(n)?;
-    // The row groups that hold [start, end).
-    let holding: Vec<usize> = (0..groups.len())
+    // The row groups that hold [start, end): none for an empty span.
+    let holding: Vec<usize> = (0..groups)
         .filter(|&g| {
-            let rows = usize::try_from(groups[g].num_rows()).unwrap_or(0);
-            firsts[g] < span.end && firsts[g] + rows > span.start
+            span.start < span.end
+                && firsts[g] < span.end
+                && firsts[g] + rows_of(&meta, g) > span.start
         })
         .collect();
 
-    // What the job would hold: each column chunk decoded, and a `String` per text and id.
+    // What the job would hold, by the footer: each column chunk decoded (the largest of
+    // its sizes, since a dictionary's encoded size is far under its values'), and a
+    // `String` a text and an id.
     let leaves = builder.parquet_schema();
     let chunk_bytes = |group: usize, root: usize| -> u64 {
         (0..leaves.num_columns())
             .filter(|&leaf| leaves.get_column_root_idx(leaf) == root)
-            .map(|leaf| u64::try_from(groups[group].column(leaf).uncompressed_size()).unwrap_or(0))
-            .sum()
+            .map(|leaf| {
+                let c = meta.row_group(group).column(leaf);
+                [
+                    c.uncompressed_size(),
+                    c.compressed_size(),
+                    c.unencoded_byte_array_data_bytes().unwrap_or(0),
+                ]
+                .into_iter()
+                .map(|b| u64::try_from(b).unwrap_or(0))
+                .max()
+                .unwrap_or(0)
+            })
+            .fold(0u64, u64::saturating_add)
     };
-    let per_row = std::mem::size_of::<String>() as u64;
-    let need = (0..groups.len())
+    let mut held = Held {
+        cols,
+        span,
+        n,
+        max_bytes,
+        bytes: 0,
+    };
+    let need = (0..groups)
         .map(|g| chunk_bytes(g, id_at))
-        .sum::<u64>()
-        + holding
-            .iter()
-            .map(|&g| chunk_bytes(g, text_at))
-            .sum::<u64>()
-        + per_row * (n + span.end - span.start) as u64;
+        .chain(holding.iter().map(|&g| chunk_bytes(g, text_at)))
+        .fold(0u64, u64::saturating_add)
+        .saturating_add(PER_ROW.saturating_mul((n + span.end - span.start) as u64));
     if need > max_bytes {
-        return Err(ActivityError::InvalidInput(format!(
-            "field \"source\" is {}: rows {} to {} of its {n} take about {need} bytes once read (their texts, and the ids of every row), over the limit of {max_bytes} bytes for what one embed_dataset activity holds in memory (--max-dataset-bytes, 1/8 of the host's memory by default): run the job in more shards (each reads only its own rows' texts), or raise the limit on a host with the memory",
-            quote_uri(cols.uri),
-            span.start,
-            span.end,
-        )));
+        return Err(held.over(&format!("about {need}")));
     }
 
-    let ids = read_ids(&mut f, builder, id_at, cols)?;
+    let ids = read_ids(&mut f, &mut held, builder, &meta, id_at)?;
     unique(&ids, cols)?;
     let mut texts = Vec::with_capacity(span.end - span.start);
     if let Some(&g0) = holding.first() {
-        let in_groups: usize = holding
-            .iter()
-            .map(|&g| usize::try_from(groups[g].num_rows()).unwrap_or(0))
-            .sum();
+        let in_groups: usize = holding.iter().map(|&g| rows_of(&meta, g)).sum();
         let skip = span.start - firsts[g0];
         let take = span.end - span.start;
         let selection = RowSelection::from(vec![
@@ -153,17 +234,25 @@ pub(crate) fn read(
             .with_projection(mask)
             .with_row_groups(holding)
             .with_row_selection(selection)
-            .with_batch_size(BATCH)
+            .with_batch_size(TEXT_BATCH)
             .build()
             .map_err(|e| cols.malformed(e))?;
-        drain(dec, &mut f, cols, |batch| {
-            let first = span.start + texts.len();
-            strings(batch.column(0), cols.text, first, cols, &mut texts)
-        })?;
+        drain(
+            dec,
+            &mut f,
+            cols,
+            |batch| {
+                let first = span.start + texts.len();
+                strings(batch.column(0), cols.text, first, cols, &mut texts)?;
+                held.strings(&texts[first - span.start..])
+            },
+            // The count over all of them is checked below.
+            |_| Ok(()),
+        )?;
     }
     if texts.len() != span.end - span.start {
         return Err(cols.malformed(format!(
-            "rows {} to {} gave {} texts; the footer's row counts do not match the data",
+            "rows {} to {} gave {} texts; its footer's row counts do not match its data",
             span.start,
             span.end,
             texts.len()
@@ -177,25 +266,23 @@ pub(crate) fn read(
 
 /// The file's footer. It is fetched too, so it counts against the limit: a file of a few
 /// bytes of data can still declare a footer of any size.
-fn metadata(
-    f: &mut Fetcher,
-    size: u64,
-    cols: &Columns,
-    max_bytes: u64,
-) -> Result<ParquetMetaData, ActivityError> {
-    let mut dec = ParquetMetaDataPushDecoder::try_new(size).map_err(|e| cols.malformed(e))?;
+fn metadata(f: &mut Fetcher, cols: &Columns) -> Result<ParquetMetaData, ActivityError> {
+    let mut dec = ParquetMetaDataPushDecoder::try_new(f.size).map_err(|e| cols.malformed(e))?;
     loop {
         match dec.try_decode().map_err(|e| cols.malformed(e))? {
             DecodeResult::NeedsData(ranges) => {
-                let more: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-                if f.fetched + more > max_bytes {
+                let more = ranges.iter().fold(0u64, |sum, r| {
+                    sum.saturating_add(r.end.saturating_sub(r.start))
+                });
+                if f.fetched.saturating_add(more) > f.max_bytes {
                     return Err(ActivityError::InvalidInput(format!(
-                        "field \"source\" is {}: its Parquet footer takes {} bytes, over the limit of {max_bytes} bytes for what one embed_dataset activity holds in memory (--max-dataset-bytes): write it with fewer row groups or columns, or raise the limit",
+                        "field \"source\" is {}: its Parquet footer takes {} bytes, over the limit of {} bytes for what one embed_dataset activity holds in memory (--max-dataset-bytes): write it with fewer row groups or columns, or raise the limit",
                         quote_uri(cols.uri),
-                        f.fetched + more
+                        f.fetched.saturating_add(more),
+                        f.max_bytes
                     )));
                 }
-                let data = f.get(&ranges)?;
+                let data = f.get(&ranges, cols)?;
                 dec.push_ranges(ranges, data)
                     .map_err(|e| cols.malformed(e))?;
             }
@@ -207,40 +294,64 @@ fn metadata(
     }
 }
 
-/// The id column of every row group: integers when its type is one, else strings.
+/// The id column of every row group: integers when its type is one, else strings. Each
+/// row group must hold the rows its footer says, since the texts are found by those counts
+/// and a text paired with another row's id would be written under it.
 fn read_ids(
     f: &mut Fetcher,
+    held: &mut Held,
     builder: ParquetPushDecoderBuilder,
+    meta: &ParquetMetaData,
     id_at: usize,
-    cols: &Columns,
 ) -> Result<Ids, ActivityError> {
+    let cols = held.cols;
     let mask = ProjectionMask::roots(builder.parquet_schema(), [id_at]);
     let dec = builder
         .with_projection(mask)
-        .with_batch_size(BATCH)
+        .with_batch_size(ID_BATCH)
         .build()
         .map_err(|e| cols.malformed(e))?;
-    let (mut ints, mut strs) = (Vec::new(), Vec::new());
-    drain(dec, f, cols, |batch| {
-        let id = batch.column(0);
-        let first = ints.len() + strs.len();
-        match id.data_type() {
-            DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64 => {
-                for (i, v) in arrow_int64(id)?.into_iter().enumerate() {
-                    ints.push(v.ok_or_else(|| cols.null(cols.id, first + i))?);
+    let (mut ints, mut strs): (Vec<i64>, Vec<String>) = (Vec::new(), Vec::new());
+    let mut group = 0;
+    drain(
+        dec,
+        f,
+        cols,
+        |batch| {
+            let id = batch.column(0);
+            let first = ints.len() + strs.len();
+            match id.data_type() {
+                DataType::Int8
+                | DataType::Int16
+                | DataType::Int32
+                | DataType::Int64
+                | DataType::UInt8
+                | DataType::UInt16
+                | DataType::UInt32
+                | DataType::UInt64 => {
+                    for (i, v) in arrow_int64(id)?.into_iter().enumerate() {
+                        ints.push(v.ok_or_else(|| cols.null(cols.id, first + i))?);
+                    }
+                    held.add(8 * id.len() as u64)
                 }
-                Ok(())
+                _ => {
+                    strings(id, cols.id, first, cols, &mut strs)?;
+                    held.strings(&strs[first..])
+                }
             }
-            _ => strings(id, cols.id, first, cols, &mut strs),
-        }
-    })?;
+        },
+        |rows| {
+            let want = rows_of(meta, group);
+            group += 1;
+            if rows != want {
+                return Err(cols.malformed(format!(
+                    "row group {} holds {rows} ids where its footer says {want} rows",
+                    group - 1
+                )));
+            }
+            Ok(())
+        },
+    )?;
     Ok(if strs.is_empty() {
         Ids::Int(ints)
     } else {
@@ -248,21 +359,31 @@ fn read_ids(
     })
 }
 
-/// Runs `dec` to the end, fetching what it asks for and handing each batch to `each`.
+/// Runs `dec` to the end a row group at a time, fetching what it asks for: hands each
+/// batch to `each`, and the rows each row group gave to `group_done`.
 fn drain(
     mut dec: ParquetPushDecoder,
     f: &mut Fetcher,
     cols: &Columns,
     mut each: impl FnMut(RecordBatch) -> Result<(), ActivityError>,
+    mut group_done: impl FnMut(usize) -> Result<(), ActivityError>,
 ) -> Result<(), ActivityError> {
     loop {
-        match dec.try_decode().map_err(|e| cols.malformed(e))? {
+        match dec.try_next_reader().map_err(|e| cols.malformed(e))? {
             DecodeResult::NeedsData(ranges) => {
-                let data = f.get(&ranges)?;
+                let data = f.get(&ranges, cols)?;
                 dec.push_ranges(ranges, data)
                     .map_err(|e| cols.malformed(e))?;
             }
-            DecodeResult::Data(batch) => each(batch)?,
+            DecodeResult::Data(reader) => {
+                let mut rows = 0;
+                for batch in reader {
+                    let batch = batch.map_err(|e| cols.malformed(e))?;
+                    rows += batch.num_rows();
+                    each(batch)?;
+                }
+                group_done(rows)?;
+            }
             DecodeResult::Finished => return Ok(()),
         }
     }
@@ -272,7 +393,10 @@ fn drain(
 mod tests {
     use arrow_array::{Int64Array, StringArray};
     use arrow_schema::{Field, Schema};
-    use parquet::{arrow::ArrowWriter, file::properties::WriterProperties};
+    use parquet::{
+        arrow::ArrowWriter,
+        file::properties::{EnabledStatistics, WriterProperties},
+    };
 
     use super::*;
 
@@ -284,18 +408,28 @@ mod tests {
 
     /// A file of `n` rows in row groups of `group` rows; row i's text is 500 bytes.
     fn file(n: usize, group: usize, nulls_at: Option<usize>) -> Bytes {
+        let texts = (0..n)
+            .map(|i| (Some(i) != nulls_at).then(|| format!("{i:05}{}", "x".repeat(495))))
+            .collect();
+        file_of(texts, group)
+    }
+
+    fn file_of(texts: Vec<Option<String>>, group: usize) -> Bytes {
+        file_with(texts, group, EnabledStatistics::Page)
+    }
+
+    fn file_with(texts: Vec<Option<String>>, group: usize, stats: EnabledStatistics) -> Bytes {
+        let n = texts.len();
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, false),
             Field::new("text", DataType::Utf8, true),
         ]));
         let props = WriterProperties::builder()
             .set_max_row_group_row_count(Some(group))
+            .set_statistics_enabled(stats)
             .build();
         let mut buf = Vec::new();
         let mut w = ArrowWriter::try_new(&mut buf, schema.clone(), Some(props)).unwrap();
-        let texts: Vec<Option<String>> = (0..n)
-            .map(|i| (Some(i) != nulls_at).then(|| format!("{i:05}{}", "x".repeat(495))))
-            .collect();
         let batch = RecordBatch::try_new(
             schema,
             vec![
@@ -383,9 +517,39 @@ mod tests {
         assert!(m.contains("rows 0 to 4000 of its 4000"), "{m}");
         let r = read_from(&data, 1_000_000, span(1000, 2000)).unwrap();
         assert_eq!(r.table.texts.len(), 1000);
+        // More shards than rows: an empty span inside a row group holds nothing.
+        let r = read_from(&data, 200_000, span(1500, 1500)).unwrap();
+        assert!(r.table.texts.is_empty());
         // A footer alone over the limit is refused before the data is looked at.
         let m = read_from(&data, 100, span(0, 0)).unwrap_err().to_string();
         assert!(m.contains("footer"), "{m}");
+    }
+
+    /// A dictionary holds a repeated text once: the file and its encoded sizes are small,
+    /// and what its rows take once read is not.
+    #[test]
+    fn repeated_texts_count_as_read_not_as_stored() {
+        let texts = vec![Some("y".repeat(20_000)); 400];
+        // By the footer's count of the values' bytes.
+        let data = file_of(texts.clone(), 400);
+        assert!(data.len() < 100_000, "{}", data.len());
+        let m = read_from(&data, 1_000_000, span(0, 400))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.contains("about") && m.contains("over the limit of 1000000 bytes"),
+            "{m}"
+        );
+        assert!(read_from(&data, 10_000_000, span(0, 400)).is_ok());
+        // Without it, as the rows are read.
+        let data = file_with(texts, 400, EnabledStatistics::None);
+        let m = read_from(&data, 1_000_000, span(0, 400))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.contains("at least") && m.contains("over the limit of 1000000 bytes"),
+            "{m}"
+        );
     }
 
     #[test]
