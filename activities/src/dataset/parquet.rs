@@ -149,16 +149,7 @@ pub(crate) fn read(
         .iter()
         .map(|f| f.name().clone())
         .collect();
-    let index = |which: &str, name: &str| {
-        names
-            .iter()
-            .position(|n| n == name)
-            .ok_or_else(|| cols.missing(which, name, &names))
-    };
-    let (id_at, text_at) = (
-        index("id_column", cols.id)?,
-        index("text_column", cols.text)?,
-    );
+    let (id_at, text_at) = cols.positions(&names)?;
     let groups = meta.num_row_groups();
     let mut firsts = Vec::with_capacity(groups);
     let mut n = 0usize;

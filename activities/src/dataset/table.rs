@@ -108,7 +108,18 @@ pub(crate) struct Columns<'a> {
 }
 
 impl Columns<'_> {
-    pub(super) fn missing(&self, which: &str, name: &str, have: &[String]) -> ActivityError {
+    /// Where the id and text columns are among a file's column `names`.
+    pub(super) fn positions(&self, names: &[String]) -> Result<(usize, usize), ActivityError> {
+        let at = |which: &str, name: &str| {
+            names
+                .iter()
+                .position(|n| n == name)
+                .ok_or_else(|| self.missing(which, name, names))
+        };
+        Ok((at("id_column", self.id)?, at("text_column", self.text)?))
+    }
+
+    fn missing(&self, which: &str, name: &str, have: &[String]) -> ActivityError {
         ActivityError::InvalidInput(format!(
             "field \"{which}\": {} is not a column of {}; its columns are {have:?}",
             quote(name),
@@ -318,13 +329,7 @@ fn read_csv(bytes: &[u8], cols: &Columns) -> Result<(Ids, Vec<String>), Activity
         .iter()
         .map(str::to_owned)
         .collect();
-    let at = |which: &str, name: &str| {
-        headers
-            .iter()
-            .position(|h| h == name)
-            .ok_or_else(|| cols.missing(which, name, &headers))
-    };
-    let (id_at, text_at) = (at("id_column", cols.id)?, at("text_column", cols.text)?);
+    let (id_at, text_at) = cols.positions(&headers)?;
     let (mut ids, mut texts) = (Vec::new(), Vec::new());
     for (row, rec) in r.records().enumerate() {
         let rec = rec.map_err(|e| cols.malformed(format!("row {row}: {e}")))?;
