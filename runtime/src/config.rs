@@ -495,10 +495,10 @@ pub struct RunArgs {
     pub max_result_bytes: usize,
 
     /// Most one `embed_dataset` activity holds of its source: bytes (e.g. 4GiB) or a
-    /// fraction of the host's memory, or of its cgroup's limit when lower (e.g. 0.25). A
-    /// Parquet shard counts its rows' texts once decoded and every id (it reads no other
-    /// texts); JSON Lines and CSV, read whole, count the file's stored size. Over it, the job
-    /// fails with InvalidInput before the data is fetched, instead of exhausting memory.
+    /// fraction of the host's memory, or of its cgroup's limit when lower (e.g. 0.25). A job
+    /// holds every id of the file and its own rows' texts (a shard reads no other texts),
+    /// counted as read. Over it, the job fails with InvalidInput before the texts are held,
+    /// instead of exhausting memory.
     #[arg(long, env = "GPULANE_MAX_DATASET_BYTES", default_value = "0.125")]
     pub max_dataset_bytes: String,
 

@@ -485,12 +485,16 @@ def test_f_bad_input_fails_once_non_retryably_naming_what_is_wrong(temporal_addr
     assert ok.get("ok", {}).get("rows") == 20, ok
 
 
-def test_f_a_source_over_the_size_limit_fails_before_it_is_read(temporal_address, gpulane, tmp_path):
+def test_f_a_jsonl_source_over_the_limit_is_refused_whole_and_runs_in_shards(temporal_address, gpulane, tmp_path):
+    """JSON Lines is read in two passes: every id and where each row starts, then only the
+    job's rows. The limit bounds what a job holds, so the file refused whole runs in
+    shards that each fit, and a refused job writes nothing."""
     root = Local(tmp_path / "root")
     g = gpulane("--model", str(minilm_dir()), "--gpus", "none", "--data-root", root.root_uri,
                 "--max-dataset-bytes", "100000")
     small = write_dataset(root, "small.jsonl", 10)
-    big = root.put("big.jsonl", encode("jsonl", list(range(10)), ["z" * 20_000] * 10))
+    rows = [f"{i} " + "z" * 20_000 for i in range(10)]
+    big = root.put("big.jsonl", encode("jsonl", list(range(10)), rows))
 
     def req(source, out):
         return {"source": source, "id_column": "id", "text_column": "text",
@@ -501,11 +505,16 @@ def test_f_a_source_over_the_size_limit_fails_before_it_is_read(temporal_address
     err = out["error"]
     assert err["type"] == "InvalidInput" and err["non_retryable"] is True, err
     print(f"\n[f] {err['message']}")
-    for fragment in (big, "over the limit of 100000 bytes", "--max-dataset-bytes"):
+    for fragment in (big, "rows 0 to 10 of its 10", "over the limit of 100000 bytes", "--max-dataset-bytes",
+                     "more shards"):
         assert names(err["message"], fragment), (fragment, err["message"])
     assert not root.list("out/big/"), "a refused job wrote nothing"
     ok = try_dataset(temporal_address, "cpu-tools", req(small.uri, "small"), workers=[g])
     assert ok["ok"]["rows"] == 10, ok
+    manifests = run_wf(temporal_address, "EmbedDatasetShards", req(big, "shards"), 4, "cpu-tools",
+                       timeout=300, workers=[g])
+    assert sum(m["rows"] for m in manifests) == 10, manifests
+    Output(root, "out/shards/", DIMS).check_complete(Dataset(big, list(range(10)), rows), root, "out/shards/")
 
 
 def test_f_a_parquet_source_over_the_limit_runs_in_shards_that_each_fit(temporal_address, gpulane, tmp_path):

@@ -10,6 +10,7 @@
 
 mod parquet;
 mod parts;
+mod records;
 mod source;
 mod storage;
 mod table;

@@ -11,12 +11,12 @@
 
 use std::{ops::Range, sync::Arc};
 
-use arrow_array::RecordBatch;
-use arrow_schema::DataType;
+use arrow_array::{cast::AsArray, types, Array, ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
 use bytes::Bytes;
 use parquet::{
     arrow::{
-        arrow_reader::{RowSelection, RowSelector},
+        arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector},
         push_decoder::{ParquetPushDecoder, ParquetPushDecoderBuilder},
         ProjectionMask,
     },
@@ -24,15 +24,16 @@ use parquet::{
     DecodeResult,
 };
 
-use super::table::{arrow_int64, strings, unique, Columns, Ids, Span, Table};
-use crate::{input::quote_uri, ActivityError};
+use super::table::{unique, Columns, Held, Ids, Span, Table, PER_ROW};
+use crate::{
+    input::{quote, quote_uri},
+    ActivityError,
+};
 
 /// Ids decoded at a time.
 const ID_BATCH: usize = 8192;
-/// Texts decoded at a time: few, since the bytes held are counted after each batch.
+/// Texts decoded at a time: few, so a batch's views and buffers stay small.
 const TEXT_BATCH: usize = 256;
-/// What a row costs beside its text or id bytes: the `String` that holds it.
-const PER_ROW: u64 = std::mem::size_of::<String>() as u64;
 
 /// Gets byte ranges of the source, in order.
 pub(crate) type Fetch<'a> = dyn Fn(&[Range<u64>]) -> Result<Vec<Bytes>, ActivityError> + 'a;
@@ -72,46 +73,6 @@ impl Fetcher<'_> {
     }
 }
 
-/// The bytes the job holds of the file, against the limit: estimated from the footer
-/// before anything is fetched, then counted as rows are decoded, since a footer can
-/// understate them (a dictionary holds a repeated text once; a hostile footer, anything).
-struct Held<'a> {
-    cols: &'a Columns<'a>,
-    span: Span,
-    n: usize,
-    max_bytes: u64,
-    bytes: u64,
-}
-
-impl Held<'_> {
-    fn over(&self, how: &str) -> ActivityError {
-        ActivityError::InvalidInput(format!(
-            "field \"source\" is {}: rows {} to {} of its {} take {how} bytes once read (their texts, and the ids of every row), over the limit of {} bytes for what one embed_dataset activity holds in memory (--max-dataset-bytes, 1/8 of the host's memory by default): run the job in more shards (each reads only its own rows' texts), or raise the limit on a host with the memory",
-            quote_uri(self.cols.uri),
-            self.span.start,
-            self.span.end,
-            self.n,
-            self.max_bytes,
-        ))
-    }
-
-    /// Counts the strings of `v`.
-    fn strings(&mut self, v: &[String]) -> Result<(), ActivityError> {
-        let b = v
-            .iter()
-            .fold(0u64, |sum, s| sum.saturating_add(s.len() as u64 + PER_ROW));
-        self.add(b)
-    }
-
-    fn add(&mut self, bytes: u64) -> Result<(), ActivityError> {
-        self.bytes = self.bytes.saturating_add(bytes);
-        if self.bytes > self.max_bytes {
-            return Err(self.over(&format!("at least {}", self.bytes)));
-        }
-        Ok(())
-    }
-}
-
 /// The rows a job covers, and how many bytes of the file were fetched for them.
 #[derive(Debug)]
 pub(crate) struct Read {
@@ -141,8 +102,12 @@ pub(crate) fn read(
         fetched: 0,
     };
     let meta = Arc::new(metadata(&mut f, cols)?);
-    let builder =
-        ParquetPushDecoderBuilder::try_new_decoder(meta.clone()).map_err(|e| cols.malformed(e))?;
+    let options = views(&meta, cols)?;
+    let decoder = || {
+        ParquetPushDecoderBuilder::try_new_decoder_with_options(meta.clone(), options.clone())
+            .map_err(|e| cols.malformed(e))
+    };
+    let builder = decoder()?;
     let names: Vec<String> = builder
         .schema()
         .fields()
@@ -160,10 +125,12 @@ pub(crate) fn read(
         })?;
     }
     let span = span_of(n)?;
-    // The row groups that hold [start, end): none for an empty span.
+    // The row groups that hold some of [start, end): none for an empty span, nor a group
+    // of no rows (the decoder gives it no reader).
     let holding: Vec<usize> = (0..groups)
         .filter(|&g| {
             span.start < span.end
+                && rows_of(&meta, g) > 0
                 && firsts[g] < span.end
                 && firsts[g] + rows_of(&meta, g) > span.start
         })
@@ -190,13 +157,8 @@ pub(crate) fn read(
             })
             .fold(0u64, u64::saturating_add)
     };
-    let mut held = Held {
-        cols,
-        span,
-        n,
-        max_bytes,
-        bytes: 0,
-    };
+    let mut held = Held::new(cols, max_bytes);
+    held.span(span, n);
     let need = (0..groups)
         .map(|g| chunk_bytes(g, id_at))
         .chain(holding.iter().map(|&g| chunk_bytes(g, text_at)))
@@ -207,6 +169,12 @@ pub(crate) fn read(
     }
 
     let ids = read_ids(&mut f, &mut held, builder, &meta, id_at)?;
+    if ids.len() != n {
+        return Err(cols.malformed(format!(
+            "it holds {} ids where its footer says {n} rows",
+            ids.len()
+        )));
+    }
     unique(&ids, cols)?;
     let mut texts = Vec::with_capacity(span.end - span.start);
     if let Some(&g0) = holding.first() {
@@ -218,27 +186,41 @@ pub(crate) fn read(
             RowSelector::select(take),
             RowSelector::skip(in_groups - skip - take),
         ]);
-        let dec = ParquetPushDecoderBuilder::try_new_decoder(meta.clone())
-            .map_err(|e| cols.malformed(e))?;
+        let dec = decoder()?;
         let mask = ProjectionMask::roots(dec.parquet_schema(), [text_at]);
         let dec = dec
             .with_projection(mask)
-            .with_row_groups(holding)
+            .with_row_groups(holding.clone())
             .with_row_selection(selection)
             .with_batch_size(TEXT_BATCH)
             .build()
             .map_err(|e| cols.malformed(e))?;
+        // Each row group must give the rows of the span it holds: a text chunk with more
+        // or fewer rows than its footer says would pair texts with other rows' ids.
+        let mut next = holding.iter();
         drain(
             dec,
             &mut f,
             cols,
             |batch| {
                 let first = span.start + texts.len();
-                strings(batch.column(0), cols.text, first, cols, &mut texts)?;
-                held.strings(&texts[first - span.start..])
+                strings(batch.column(0), cols.text, first, &mut held, &mut texts)
             },
-            // The count over all of them is checked below.
-            |_| Ok(()),
+            |rows| {
+                let g = *next.next().ok_or_else(|| {
+                    cols.malformed("it gave more row groups of texts than asked for")
+                })?;
+                let (a, b) = (firsts[g], firsts[g] + rows_of(&meta, g));
+                let want = b.min(span.end) - a.max(span.start);
+                if rows != want {
+                    return Err(cols.malformed(format!(
+                        "row group {g} gave {rows} texts of rows {} to {} where its footer makes them {want}",
+                        a.max(span.start),
+                        b.min(span.end)
+                    )));
+                }
+                Ok(())
+            },
         )?;
     }
     if texts.len() != span.end - span.start {
@@ -325,14 +307,18 @@ fn read_ids(
                     }
                     held.add(8 * id.len() as u64)
                 }
-                _ => {
-                    strings(id, cols.id, first, cols, &mut strs)?;
-                    held.strings(&strs[first..])
-                }
+                _ => strings(id, cols.id, first, held, &mut strs),
             }
         },
         |rows| {
-            let want = rows_of(meta, group);
+            // A row group of no rows gives no reader.
+            while group < meta.num_row_groups() && rows_of(meta, group) == 0 {
+                group += 1;
+            }
+            let want = match group < meta.num_row_groups() {
+                true => rows_of(meta, group),
+                false => 0,
+            };
             group += 1;
             if rows != want {
                 return Err(cols.malformed(format!(
@@ -348,6 +334,107 @@ fn read_ids(
     } else {
         Ids::Str(strs)
     })
+}
+
+/// An integer column as i64 (unsigned values past i64's range are refused).
+fn arrow_int64(a: &ArrayRef) -> Result<Vec<Option<i64>>, ActivityError> {
+    macro_rules! widen {
+        ($t:ty) => {
+            a.as_primitive::<$t>()
+                .iter()
+                .map(|v| v.map(i64::from))
+                .collect()
+        };
+    }
+    Ok(match a.data_type() {
+        DataType::Int8 => widen!(types::Int8Type),
+        DataType::Int16 => widen!(types::Int16Type),
+        DataType::Int32 => widen!(types::Int32Type),
+        DataType::Int64 => a.as_primitive::<types::Int64Type>().iter().collect(),
+        DataType::UInt8 => widen!(types::UInt8Type),
+        DataType::UInt16 => widen!(types::UInt16Type),
+        DataType::UInt32 => widen!(types::UInt32Type),
+        DataType::UInt64 => {
+            let mut out = Vec::with_capacity(a.len());
+            for v in a.as_primitive::<types::UInt64Type>().iter() {
+                out.push(match v {
+                    Some(v) => Some(i64::try_from(v).map_err(|_| {
+                        ActivityError::InvalidInput(format!(
+                            "id {v} does not fit a signed 64-bit integer"
+                        ))
+                    })?),
+                    None => None,
+                });
+            }
+            out
+        }
+        other => unreachable!("called for integer columns only, not {other}"),
+    })
+}
+
+/// Appends a string column's values to `out`, refusing nulls and non-string types, and
+/// counting each value against the limit before it is copied.
+fn strings(
+    a: &ArrayRef,
+    column: &str,
+    first: usize,
+    held: &mut Held,
+    out: &mut Vec<String>,
+) -> Result<(), ActivityError> {
+    let cols = held.cols;
+    let mut push =
+        |out: &mut Vec<String>, i: usize, v: Option<&str>| -> Result<(), ActivityError> {
+            let v = v.ok_or_else(|| cols.null(column, first + i))?;
+            held.add(v.len() as u64 + PER_ROW)?;
+            out.push(v.to_owned());
+            Ok(())
+        };
+    match a.data_type() {
+        DataType::Utf8 => {
+            for (i, v) in a.as_string::<i32>().iter().enumerate() {
+                push(out, i, v)?;
+            }
+        }
+        DataType::LargeUtf8 => {
+            for (i, v) in a.as_string::<i64>().iter().enumerate() {
+                push(out, i, v)?;
+            }
+        }
+        DataType::Utf8View => {
+            for (i, v) in a.as_string_view().iter().enumerate() {
+                push(out, i, v)?;
+            }
+        }
+        other => {
+            return Err(ActivityError::InvalidInput(format!(
+                "column {} of {} is {other}; it must be text (or, for ids, integers)",
+                quote(column),
+                quote_uri(cols.uri)
+            )))
+        }
+    }
+    Ok(())
+}
+
+/// Reader options that read every text column as string views: a dictionary-encoded
+/// column then points into its dictionary instead of copying a value per row, so a batch
+/// of a text repeated many times takes its dictionary's memory, not rows × the text.
+fn views(meta: &Arc<ParquetMetaData>, cols: &Columns) -> Result<ArrowReaderOptions, ActivityError> {
+    let file = ArrowReaderMetadata::try_new(meta.clone(), ArrowReaderOptions::new())
+        .map_err(|e| cols.malformed(e))?;
+    let fields: Vec<Field> = file
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8 | DataType::LargeUtf8 => {
+                f.as_ref().clone().with_data_type(DataType::Utf8View)
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    let schema = Schema::new_with_metadata(fields, file.schema().metadata().clone());
+    Ok(ArrowReaderOptions::new().with_schema(Arc::new(schema)))
 }
 
 /// Runs `dec` to the end a row group at a time, fetching what it asks for: hands each
@@ -541,6 +628,74 @@ mod tests {
             m.contains("at least") && m.contains("over the limit of 1000000 bytes"),
             "{m}"
         );
+    }
+
+    /// A file with row groups of `sizes` rows, some of them empty (ArrowWriter writes
+    /// none such; other writers do). Ids 0.., texts "t<id>".
+    fn groups(sizes: &[usize]) -> Bytes {
+        use parquet::{
+            basic::{LogicalType, Repetition, Type as Physical},
+            column::writer::ColumnWriter,
+            data_type::ByteArray,
+            file::writer::SerializedFileWriter,
+            schema::types::Type,
+        };
+        let column = |name: &str, t: Physical, logical: Option<LogicalType>| {
+            Arc::new(
+                Type::primitive_type_builder(name, t)
+                    .with_repetition(Repetition::REQUIRED)
+                    .with_logical_type(logical)
+                    .build()
+                    .unwrap(),
+            )
+        };
+        let schema = Type::group_type_builder("schema")
+            .with_fields(vec![
+                column("id", Physical::INT64, None),
+                column("text", Physical::BYTE_ARRAY, Some(LogicalType::String)),
+            ])
+            .build()
+            .unwrap();
+        let mut buf = Vec::new();
+        let props = Arc::new(WriterProperties::builder().build());
+        let mut w = SerializedFileWriter::new(&mut buf, Arc::new(schema), props).unwrap();
+        let mut at = 0i64;
+        for &n in sizes {
+            let ids: Vec<i64> = (at..at + n as i64).collect();
+            let texts: Vec<ByteArray> = ids
+                .iter()
+                .map(|i| format!("t{i}").as_str().into())
+                .collect();
+            let mut g = w.next_row_group().unwrap();
+            let mut c = g.next_column().unwrap().unwrap();
+            if let ColumnWriter::Int64ColumnWriter(c) = c.untyped() {
+                c.write_batch(&ids, None, None).unwrap();
+            }
+            c.close().unwrap();
+            let mut c = g.next_column().unwrap().unwrap();
+            if let ColumnWriter::ByteArrayColumnWriter(c) = c.untyped() {
+                c.write_batch(&texts, None, None).unwrap();
+            }
+            c.close().unwrap();
+            g.close().unwrap();
+            at += n as i64;
+        }
+        w.close().unwrap();
+        Bytes::from(buf)
+    }
+
+    #[test]
+    fn empty_row_groups_are_passed_over() {
+        for sizes in [&[5usize, 0, 5][..], &[0, 5, 5], &[5, 5, 0]] {
+            let data = groups(sizes);
+            let r = read_from(&data, u64::MAX, span(3, 8)).unwrap();
+            assert_eq!(r.table.ids, Ids::Int((0..10).collect()), "{sizes:?}");
+            assert_eq!(
+                r.table.texts,
+                ["t3", "t4", "t5", "t6", "t7"].map(String::from),
+                "{sizes:?}"
+            );
+        }
     }
 
     #[test]

@@ -1,16 +1,19 @@
-//! Getting a job's rows out of storage. A Parquet source is read by its row groups (see
-//! `parquet`): the footer, every id, and the texts of the job's rows only. JSON Lines and
-//! CSV have no index to read a part by, so the file is read whole, refused first from its
-//! stored size when that is over `--max-dataset-bytes`.
+//! Getting a job's rows out of storage, on the blocking pool: a Parquet source by its row
+//! groups (`parquet`), JSON Lines and CSV by their rows in two passes (`records`). Either
+//! way a job holds every id and its own rows' texts, counted against
+//! `--max-dataset-bytes` before or as they are read.
 
-use std::ops::Range;
+use std::{io::Read, ops::Range};
+
+use bytes::{Buf, Bytes};
+use futures::{stream::BoxStream, StreamExt};
 
 use super::{
-    parquet,
+    parquet, records,
     storage::{storage_error, Location},
-    table::{self, Columns, Format, Span, Table},
+    table::{Columns, Format, Span, Table},
 };
-use crate::{input::quote_uri, ActivityError};
+use crate::ActivityError;
 
 /// What to read, and the most bytes one activity may hold of it.
 pub(crate) struct Source<'a> {
@@ -69,24 +72,61 @@ pub(crate) async fn load(
         .map_err(joined)?;
     }
     let got = store.get(&path).await.map_err(|e| storage_error(&uri, e))?;
-    // Refused before its body is read: the whole file, and the table made of it, would
-    // be held in the host's memory.
-    if got.meta.size > max {
-        return Err(ActivityError::InvalidInput(format!(
-            "field \"source\" is {}: {} bytes, over the limit of {max} bytes for a JSON Lines or CSV file, which embed_dataset reads whole into memory (--max-dataset-bytes, 1/8 of the host's memory by default): split it into smaller files, convert it to Parquet (of which each shard reads only its own rows), or raise the limit on a host with the memory",
-            quote_uri(&uri),
-            got.meta.size
-        )));
-    }
-    let bytes = got.bytes().await.map_err(|e| storage_error(&uri, e))?;
+    let size = got.meta.size;
+    let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let cols = Columns {
             id: &id,
             text: &text,
             uri: &uri,
         };
-        table::read(&bytes, format, &cols, span_of)
+        let mut whole = Streamed {
+            rt: &rt,
+            stream: got.into_stream(),
+            chunk: Bytes::new(),
+            failed: None,
+        };
+        let fetch_range = |r: Range<u64>| {
+            rt.block_on(store.get_range(&path, r))
+                .map_err(|e| storage_error(&uri, e))
+        };
+        let read = records::read(&mut whole, &fetch_range, size, format, &cols, max, span_of);
+        // A parse error that came from storage failing mid-stream is storage's.
+        match whole.failed.take() {
+            Some(e) => Err(storage_error(&uri, e)),
+            None => read,
+        }
     })
     .await
     .map_err(joined)?
+}
+
+/// A stored object's body as a `Read`, for the blocking pool: each chunk is awaited on the
+/// runtime. A storage error is kept, so that the reader's caller can tell it from a file
+/// that does not parse.
+struct Streamed<'a> {
+    rt: &'a tokio::runtime::Handle,
+    stream: BoxStream<'static, object_store::Result<Bytes>>,
+    chunk: Bytes,
+    failed: Option<object_store::Error>,
+}
+
+impl Read for Streamed<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.rt.block_on(self.stream.next()) {
+                Some(Ok(b)) => self.chunk = b,
+                Some(Err(e)) => {
+                    let shown = e.to_string();
+                    self.failed = Some(e);
+                    return Err(std::io::Error::other(shown));
+                }
+                None => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.chunk.len());
+        out[..n].copy_from_slice(&self.chunk[..n]);
+        self.chunk.advance(n);
+        Ok(n)
+    }
 }

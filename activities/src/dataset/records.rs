@@ -1,0 +1,379 @@
+//! JSON Lines and CSV sources. They have no index to read part of, so the job reads them
+//! in two passes: the first streams the whole file for its ids (checked unique, as in
+//! every format) and where each row starts; the second fetches only the bytes of the job's
+//! rows and keeps their texts. A shard so holds every id and its own texts, not the file's,
+//! though each shard still streams the whole file once.
+
+use std::{
+    io::{BufRead, BufReader, Read},
+    ops::Range,
+};
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use super::table::{unique, Columns, Format, Held, Ids, Span, Table};
+use crate::ActivityError;
+
+/// One row of a JSON Lines or CSV file.
+struct Record {
+    /// Where the row starts in the bytes parsed.
+    offset: u64,
+    id: Value,
+    text: String,
+}
+
+/// Reads the ids of the file `whole` streams (`size` bytes) and the texts of the rows
+/// `span_of(rows in the file)` gives, fetched through `fetch_range`.
+pub(crate) fn read(
+    whole: &mut dyn Read,
+    fetch_range: &dyn Fn(Range<u64>) -> Result<Bytes, ActivityError>,
+    size: u64,
+    format: Format,
+    cols: &Columns,
+    max_bytes: u64,
+    span_of: impl FnOnce(usize) -> Result<Span, ActivityError>,
+) -> Result<Table, ActivityError> {
+    let mut held = Held::new(cols, max_bytes);
+    let (mut ids, mut offsets) = (Vec::new(), Vec::new());
+    let header = records(whole, format, cols, None, |r| {
+        // The id as held (a JSON value, its string's bytes) and the row's offset.
+        let bytes = 32 + 8 + r.id.as_str().map_or(0, |s| s.len() as u64);
+        ids.push(r.id);
+        offsets.push(r.offset);
+        held.add(bytes)
+    })?;
+    let n = ids.len();
+    let ids = ids_from(ids);
+    unique(&ids, cols)?;
+    let span = span_of(n)?;
+    held.span(span, n);
+    let mut texts = Vec::with_capacity(span.end - span.start);
+    if span.start < span.end {
+        let bytes = offsets[span.start]..offsets.get(span.end).copied().unwrap_or(size);
+        // The rows' bytes are what their texts take at most (escapes and quotes only
+        // shrink), so they are counted before they are fetched.
+        let rows = (span.end - span.start) as u64;
+        held.add((bytes.end - bytes.start).saturating_add(rows * 24))?;
+        let part = fetch_range(bytes)?;
+        records(&mut part.as_ref(), format, cols, header, |r| {
+            texts.push(r.text);
+            Ok(())
+        })?;
+    }
+    if texts.len() != span.end - span.start {
+        return Err(cols.malformed(format!(
+            "rows {} to {} gave {} texts on a second read: it changed while it was read",
+            span.start,
+            span.end,
+            texts.len()
+        )));
+    }
+    Ok(Table { ids, texts, span })
+}
+
+/// Parses `r` record by record. `header` is the CSV header's (id, text) positions when `r`
+/// starts past it (the second pass); what it returns is them, read from the header.
+fn records(
+    r: &mut dyn Read,
+    format: Format,
+    cols: &Columns,
+    header: Option<(usize, usize)>,
+    each: impl FnMut(Record) -> Result<(), ActivityError>,
+) -> Result<Option<(usize, usize)>, ActivityError> {
+    match format {
+        Format::JsonLines => jsonl(r, cols, each).map(|()| None),
+        Format::Csv => csv(r, cols, header, each).map(Some),
+        Format::Parquet => unreachable!("Parquet is read by its row groups; this is a bug"),
+    }
+}
+
+fn jsonl(
+    r: &mut dyn Read,
+    cols: &Columns,
+    mut each: impl FnMut(Record) -> Result<(), ActivityError>,
+) -> Result<(), ActivityError> {
+    let mut r = BufReader::with_capacity(1 << 16, r);
+    let (mut line, mut offset, mut line_no, mut row) = (Vec::new(), 0u64, 0usize, 0usize);
+    loop {
+        line.clear();
+        let got = r
+            .read_until(b'\n', &mut line)
+            .map_err(|e| cols.malformed(e))?;
+        if got == 0 {
+            return Ok(());
+        }
+        let start = offset;
+        offset += got as u64;
+        line_no += 1;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let obj: Map<String, Value> = serde_json::from_slice(&line)
+            .map_err(|e| cols.malformed(format!("line {line_no}: {e}")))?;
+        let get = |obj: &Map<String, Value>, which: &str, name: &str| {
+            obj.get(name).cloned().ok_or_else(|| {
+                let have: Vec<String> = obj.keys().cloned().collect();
+                let e = cols.missing(which, name, &have);
+                ActivityError::InvalidInput(format!("{e} (row {row}, line {line_no})"))
+            })
+        };
+        let id = get(&obj, "id_column", cols.id)?;
+        if !(id.is_i64() || id.is_string()) {
+            let want = "a signed 64-bit integer or a string";
+            return Err(cols.json_value(cols.id, row, &id, want));
+        }
+        let text = match get(&obj, "text_column", cols.text)? {
+            Value::String(s) => s,
+            other => return Err(cols.json_value(cols.text, row, &other, "a string")),
+        };
+        each(Record {
+            offset: start,
+            id,
+            text,
+        })?;
+        row += 1;
+    }
+}
+
+fn csv(
+    r: &mut dyn Read,
+    cols: &Columns,
+    header: Option<(usize, usize)>,
+    mut each: impl FnMut(Record) -> Result<(), ActivityError>,
+) -> Result<(usize, usize), ActivityError> {
+    let mut r = csv::ReaderBuilder::new()
+        .has_headers(header.is_none())
+        .from_reader(r);
+    let (id_at, text_at) = match header {
+        Some(at) => at,
+        None => {
+            let headers: Vec<String> = r
+                .headers()
+                .map_err(|e| cols.malformed(e))?
+                .iter()
+                .map(str::to_owned)
+                .collect();
+            cols.positions(&headers)?
+        }
+    };
+    for (row, rec) in r.records().enumerate() {
+        let rec = rec.map_err(|e| cols.malformed(format!("row {row}: {e}")))?;
+        let id = rec.get(id_at).ok_or_else(|| cols.null(cols.id, row))?;
+        let text = rec.get(text_at).ok_or_else(|| cols.null(cols.text, row))?;
+        each(Record {
+            offset: rec.position().map_or(0, |p| p.byte()),
+            id: match id.parse::<i64>() {
+                Ok(n) => Value::from(n),
+                Err(_) => Value::from(id),
+            },
+            text: text.to_owned(),
+        })?;
+    }
+    Ok((id_at, text_at))
+}
+
+/// Ids read from text formats: integers when all are, else strings.
+fn ids_from(raw: Vec<Value>) -> Ids {
+    if raw.iter().all(|v| v.as_i64().is_some()) {
+        Ids::Int(raw.iter().filter_map(Value::as_i64).collect())
+    } else {
+        Ids::Str(
+            raw.into_iter()
+                .map(|v| match v {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    fn cols() -> Columns<'static> {
+        Columns {
+            id: "id",
+            text: "text",
+            uri: "file:///d/x",
+        }
+    }
+
+    /// Reads `b` with the span `span_of` gives, under `max` bytes; also the bytes the
+    /// second pass fetched.
+    fn read_span(
+        b: &[u8],
+        format: Format,
+        max: u64,
+        span_of: impl FnOnce(usize) -> Result<Span, ActivityError>,
+    ) -> Result<(Table, u64), ActivityError> {
+        let fetched = Cell::new(0);
+        let fetch = |r: Range<u64>| {
+            fetched.set(fetched.get() + r.end - r.start);
+            Ok(Bytes::copy_from_slice(&b[r.start as usize..r.end as usize]))
+        };
+        let t = super::read(
+            &mut &b[..],
+            &fetch,
+            b.len() as u64,
+            format,
+            &cols(),
+            max,
+            span_of,
+        )?;
+        Ok((t, fetched.get()))
+    }
+
+    /// The whole file.
+    fn read(b: Bytes, format: Format, _: &Columns) -> Result<Table, ActivityError> {
+        let all = |n| {
+            Ok(Span {
+                start: 0,
+                end: n,
+                whole: true,
+            })
+        };
+        read_span(&b, format, u64::MAX, all).map(|(t, _)| t)
+    }
+
+    fn span(start: usize, end: usize) -> impl FnOnce(usize) -> Result<Span, ActivityError> {
+        move |n| {
+            Ok(Span {
+                start,
+                end,
+                whole: start == 0 && end == n,
+            })
+        }
+    }
+
+    #[test]
+    fn a_span_fetches_its_own_rows_bytes_and_keeps_every_id() {
+        // Quoted newlines and commas inside CSV fields; blank lines and CRLF in JSON Lines.
+        let csv = b"id,text\n7,\"a,\nb\"\n8,\"c\"\"d\"\n9,e\n10,f\n";
+        let (t, fetched) = read_span(csv, Format::Csv, u64::MAX, span(1, 3)).unwrap();
+        assert_eq!(t.ids, Ids::Int(vec![7, 8, 9, 10]));
+        assert_eq!(t.texts, vec!["c\"d".to_owned(), "e".to_owned()]);
+        assert_eq!(fetched, "8,\"c\"\"d\"\n9,e\n".len() as u64);
+        let (t, _) = read_span(csv, Format::Csv, u64::MAX, span(0, 4)).unwrap();
+        assert_eq!(t.texts[0], "a,\nb");
+        assert_eq!(t.texts[3], "f");
+        let jsonl = b"{\"id\": \"x\", \"text\": \"a\"}\r\n\n  \n{\"id\": \"y\", \"text\": \"b\\nc\"}\n{\"id\": \"z\", \"text\": \"d\"}";
+        let (t, _) = read_span(jsonl, Format::JsonLines, u64::MAX, span(1, 3)).unwrap();
+        assert_eq!(
+            t.ids,
+            Ids::Str(vec!["x".to_owned(), "y".to_owned(), "z".to_owned()])
+        );
+        assert_eq!(t.texts, vec!["b\nc".to_owned(), "d".to_owned()]);
+        // An empty span fetches nothing.
+        let (t, fetched) = read_span(jsonl, Format::JsonLines, u64::MAX, span(3, 3)).unwrap();
+        assert!(t.texts.is_empty() && fetched == 0);
+    }
+
+    #[test]
+    fn the_limit_counts_every_id_and_the_spans_rows() {
+        let mut csv = b"id,text\n".to_vec();
+        for i in 0..1000 {
+            csv.extend(format!("{i},{}\n", "w".repeat(1000)).as_bytes());
+        }
+        // About 1 MB of texts and 40 kB of ids: a tenth of the rows fits 200 kB.
+        let m = read_span(&csv, Format::Csv, 200_000, span(0, 1000))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            m.contains("rows 0 to 1000 of its 1000")
+                && m.contains("over the limit of 200000 bytes"),
+            "{m}"
+        );
+        let (t, _) = read_span(&csv, Format::Csv, 200_000, span(500, 600)).unwrap();
+        assert_eq!(t.texts.len(), 100);
+        let m = read_span(&csv, Format::Csv, 10_000, span(0, 0))
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("its ids take at least"), "{m}");
+    }
+
+    #[test]
+    fn jsonl_and_csv_read_ids_and_texts() {
+        let t = read(
+            Bytes::from("{\"id\": 1, \"text\": \"a\"}\n{\"id\": 2, \"text\": \"b\"}\n"),
+            Format::JsonLines,
+            &cols(),
+        )
+        .unwrap();
+        assert_eq!(
+            (t.ids, t.texts),
+            (Ids::Int(vec![1, 2]), vec!["a".to_owned(), "b".to_owned()])
+        );
+        let t = read(
+            Bytes::from("id,text\nx,\"a, b\"\ny,c\n"),
+            Format::Csv,
+            &cols(),
+        )
+        .unwrap();
+        assert_eq!(t.ids, Ids::Str(vec!["x".to_owned(), "y".to_owned()]));
+        assert_eq!(t.texts[0], "a, b");
+    }
+
+    #[test]
+    fn a_span_keeps_its_texts_and_every_id() {
+        let span = |n: usize| {
+            assert_eq!(n, 3);
+            Ok(Span {
+                start: 1,
+                end: 2,
+                whole: false,
+            })
+        };
+        let (t, _) = read_span(b"id,text\n7,a\n8,b\n9,c\n", Format::Csv, u64::MAX, span).unwrap();
+        assert_eq!(t.ids, Ids::Int(vec![7, 8, 9]));
+        assert_eq!(t.texts, vec!["b".to_owned()]);
+    }
+
+    #[test]
+    fn problems_name_the_column_row_or_id() {
+        let m = read(Bytes::from("id,body\n1,a\n"), Format::Csv, &cols())
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("\"text\"") && m.contains("body"), "{m}");
+        let m = read(
+            Bytes::from("id,text\n7,a\n8,b\n7,c\n"),
+            Format::Csv,
+            &cols(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(m.contains("\"7\"") && m.contains("rows 0 and 2"), "{m}");
+        let m = read(Bytes::from("{\"id\": 1}\n"), Format::JsonLines, &cols())
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("\"text\"") && m.contains("row 0"), "{m}");
+        // A value of the wrong type is named as what it is, not as missing.
+        for (line, found) in [
+            (
+                r#"{"id": 1.5, "text": "a"}"#,
+                "has the number 1.5 in column \"id\"",
+            ),
+            (
+                r#"{"id": true, "text": "a"}"#,
+                "has a boolean in column \"id\"",
+            ),
+            (
+                r#"{"id": 1, "text": 7}"#,
+                "has the number 7 in column \"text\"",
+            ),
+            (
+                r#"{"id": 1, "text": null}"#,
+                "has no value in column \"text\"",
+            ),
+        ] {
+            let m = read(Bytes::from(line), Format::JsonLines, &cols())
+                .unwrap_err()
+                .to_string();
+            assert!(m.contains(found), "{line}: {m}");
+        }
+    }
+}
