@@ -1,17 +1,18 @@
 """What one `embed_dataset` activity holds of its source: the worker's peak resident memory
 (VmHWM) and the activity's time, for a job over a small range of a large Parquet file, by
 binary. A shard of a big file is the case: before 4e20214 every shard read the whole
-file; since, a Parquet shard reads the footer, every id, and its own rows' texts.
+file; since, a Parquet shard reads the footer, every id, and its own rows' texts, and
+since ddc1a6f a JSON Lines or CSV shard holds every id and its own rows' texts.
 
-Makes the file (N rows: id int64, text `row <i>: ` plus filler to --chars characters, row
-groups of 10,000, zstd), starts its own dev server and, per binary and round, a fresh
+Makes the file (N rows: id int64, text `row <i>: ` plus filler to --chars characters;
+Parquet in row groups of 10,000, zstd, or --format jsonl), starts its own dev server and, per binary and round, a fresh
 worker (CPU lane, --data-root on the file's folder); rounds alternate the binaries. Each
 round: the worker's RSS once ready and warmed by one small `embed`, then one
 `embed_dataset` of rows [N/2, N/2 + --range) and the worker's VmHWM after it (reset
 through /proc/PID/clear_refs before the job, so the peak is the job's).
 
     .venv/bin/python benches/dataset_memory.py --bin A --bin B [--rows 200000] \
-        [--chars 1000] [--range 64] [--rounds 2] [--json out.json]
+        [--chars 1000] [--range 64] [--rounds 2] [--format parquet|jsonl] [--json out.json]
 """
 
 import argparse
@@ -67,6 +68,11 @@ def hwm_mib(pid: int) -> float:
 
 def make(path: pathlib.Path, rows: int, chars: int):
     filler = "the lane keeps its cards busy while the queue is long " * (chars // 50 + 1)
+    if path.suffix == ".jsonl":
+        with open(path, "w") as f:
+            for i in range(rows):
+                f.write(json.dumps({"id": i, "text": (f"row {i}: " + filler)[:chars]}) + "\n")
+        return
     writer = None
     for start in range(0, rows, 10_000):
         ids = list(range(start, min(start + 10_000, rows)))
@@ -112,10 +118,11 @@ async def main(args):
     async with dev_server() as (client, address, tmp):
         data_dir = pathlib.Path(tmp) / "data"
         data_dir.mkdir()
-        source = data_dir / "big.parquet"
+        source = data_dir / f"big.{args.format}"
         make(source, args.rows, args.chars)
         size = source.stat().st_size
-        print(f"file: {args.rows} rows of {args.chars} characters, {size} bytes stored", flush=True)
+        print(f"file: {args.format}, {args.rows} rows of {args.chars} characters, {size} bytes stored",
+              flush=True)
         start = args.rows // 2
         request = {"source": f"file://{source}", "id_column": "id", "text_column": "text",
                    "output": f"file://{data_dir}/out/", "rows": {"start": start, "end": start + args.range}}
@@ -130,7 +137,7 @@ async def main(args):
                     got.update(round=r, binary=binary)
                     print(json.dumps(got), flush=True)
                     results.append(got)
-        report = {"rows": args.rows, "chars": args.chars, "range": args.range, "stored_bytes": size,
+        report = {"format": args.format, "rows": args.rows, "chars": args.chars, "range": args.range, "stored_bytes": size,
                   "results": results}
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
@@ -148,5 +155,6 @@ if __name__ == "__main__":
     p.add_argument("--chars", type=int, default=1000)
     p.add_argument("--range", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--format", choices=["parquet", "jsonl"], default="parquet")
     p.add_argument("--json")
     asyncio.run(main(p.parse_args()))

@@ -511,7 +511,7 @@ def test_f_a_jsonl_source_over_the_limit_is_refused_whole_and_runs_in_shards(tem
     assert not root.list("out/big/"), "a refused job wrote nothing"
     ok = try_dataset(temporal_address, "cpu-tools", req(small.uri, "small"), workers=[g])
     assert ok["ok"]["rows"] == 10, ok
-    manifests = run_wf(temporal_address, "EmbedDatasetShards", req(big, "shards"), 4, "cpu-tools",
+    manifests = run_wf(temporal_address, "EmbedDatasetShards", req(big, "shards"), 5, "cpu-tools",
                        timeout=300, workers=[g])
     assert sum(m["rows"] for m in manifests) == 10, manifests
     Output(root, "out/shards/", DIMS).check_complete(Dataset(big, list(range(10)), rows), root, "out/shards/")

@@ -5,6 +5,7 @@
 //! though each shard still streams the whole file once.
 
 use std::{
+    cell::Cell,
     io::{BufRead, BufReader, Read},
     ops::Range,
 };
@@ -12,8 +13,8 @@ use std::{
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::table::{unique, Columns, Format, Held, Ids, Span, Table};
-use crate::ActivityError;
+use super::table::{unique, Columns, Format, Held, Ids, Span, Table, PER_ROW};
+use crate::{input::quote_uri, ActivityError};
 
 /// One row of a JSON Lines or CSV file.
 struct Record {
@@ -36,7 +37,7 @@ pub(crate) fn read(
 ) -> Result<Table, ActivityError> {
     let mut held = Held::new(cols, max_bytes);
     let (mut ids, mut offsets) = (Vec::new(), Vec::new());
-    let header = records(whole, format, cols, None, |r| {
+    let header = records(whole, format, cols, None, 0, max_bytes, |r| {
         // The id as held (a JSON value, its string's bytes) and the row's offset.
         let bytes = 32 + 8 + r.id.as_str().map_or(0, |s| s.len() as u64);
         ids.push(r.id);
@@ -49,21 +50,47 @@ pub(crate) fn read(
     let span = span_of(n)?;
     held.span(span, n);
     let mut texts = Vec::with_capacity(span.end - span.start);
+    // The second read must give the rows the first one found: storage is asked for the
+    // version the first read saw, and each row's id is compared. A file replaced between
+    // the two is storage's doing, so the job fails as retryable and reads it anew.
+    let changed = |why: String| {
+        ActivityError::StorageUnavailable(format!(
+            "{} changed while it was read ({why}); a retry reads it anew",
+            quote_uri(cols.uri)
+        ))
+    };
     if span.start < span.end {
         let bytes = offsets[span.start]..offsets.get(span.end).copied().unwrap_or(size);
         // The rows' bytes are what their texts take at most (escapes and quotes only
-        // shrink), so they are counted before they are fetched.
+        // shrink); both are held at once, so they count twice before they are fetched.
         let rows = (span.end - span.start) as u64;
-        held.add((bytes.end - bytes.start).saturating_add(rows * 24))?;
+        held.add(
+            (bytes.end - bytes.start)
+                .saturating_mul(2)
+                .saturating_add(rows * PER_ROW),
+        )?;
         let part = fetch_range(bytes)?;
-        records(&mut part.as_ref(), format, cols, header, |r| {
-            texts.push(r.text);
-            Ok(())
-        })?;
+        let mut row = span.start;
+        records(
+            &mut part.as_ref(),
+            format,
+            cols,
+            header,
+            span.start,
+            u64::MAX,
+            |r| {
+                if row >= span.end || !ids.holds(row, &r.id) {
+                    return Err(changed(format!("row {row} is not where it was")));
+                }
+                row += 1;
+                texts.push(r.text);
+                Ok(())
+            },
+        )?;
     }
     if texts.len() != span.end - span.start {
-        return Err(cols.malformed(format!(
-            "rows {} to {} gave {} texts on a second read: it changed while it was read",
+        return Err(changed(format!(
+            "rows {} to {} gave {} rows",
             span.start,
             span.end,
             texts.len()
@@ -72,18 +99,28 @@ pub(crate) fn read(
     Ok(Table { ids, texts, span })
 }
 
-/// Parses `r` record by record. `header` is the CSV header's (id, text) positions when `r`
-/// starts past it (the second pass); what it returns is them, read from the header.
+/// Parses `r` record by record, the first being row `first`. `header` is the CSV header's
+/// (id, text) positions when `r` starts past it (the second pass); what it returns is
+/// them, read from the header. A row over `max_row` bytes is refused as it is read, so one
+/// huge line cannot take the memory the limit is there to keep.
 fn records(
     r: &mut dyn Read,
     format: Format,
     cols: &Columns,
     header: Option<(usize, usize)>,
+    first: usize,
+    max_row: u64,
     each: impl FnMut(Record) -> Result<(), ActivityError>,
 ) -> Result<Option<(usize, usize)>, ActivityError> {
+    let too_long = |row: usize| {
+        ActivityError::InvalidInput(format!(
+            "row {row} of {} takes over {max_row} bytes on its own, over the limit for what one embed_dataset activity holds in memory (--max-dataset-bytes): shorten it, or raise the limit",
+            quote_uri(cols.uri)
+        ))
+    };
     match format {
-        Format::JsonLines => jsonl(r, cols, each).map(|()| None),
-        Format::Csv => csv(r, cols, header, each).map(Some),
+        Format::JsonLines => jsonl(r, cols, first, max_row, too_long, each).map(|()| None),
+        Format::Csv => csv(r, cols, header, first, max_row, too_long, each).map(Some),
         Format::Parquet => unreachable!("Parquet is read by its row groups; this is a bug"),
     }
 }
@@ -91,22 +128,30 @@ fn records(
 fn jsonl(
     r: &mut dyn Read,
     cols: &Columns,
+    first: usize,
+    max_row: u64,
+    too_long: impl Fn(usize) -> ActivityError,
     mut each: impl FnMut(Record) -> Result<(), ActivityError>,
 ) -> Result<(), ActivityError> {
     let mut r = BufReader::with_capacity(1 << 16, r);
-    let (mut line, mut offset, mut line_no, mut row) = (Vec::new(), 0u64, 0usize, 0usize);
+    let (mut line, mut offset, mut line_no, mut row) = (Vec::new(), 0u64, 0usize, first);
     loop {
         line.clear();
-        let got = r
+        let got = (&mut r)
+            .take(max_row.saturating_add(1))
             .read_until(b'\n', &mut line)
             .map_err(|e| cols.malformed(e))?;
         if got == 0 {
             return Ok(());
         }
+        if got as u64 > max_row {
+            return Err(too_long(row));
+        }
         let start = offset;
         offset += got as u64;
         line_no += 1;
-        if line.iter().all(u8::is_ascii_whitespace) {
+        // As `str::trim` has it: a line of Unicode spaces is blank too.
+        if std::str::from_utf8(&line).is_ok_and(|l| l.trim().is_empty()) {
             continue;
         }
         let obj: Map<String, Value> = serde_json::from_slice(&line)
@@ -140,11 +185,24 @@ fn csv(
     r: &mut dyn Read,
     cols: &Columns,
     header: Option<(usize, usize)>,
+    first: usize,
+    max_row: u64,
+    too_long: impl Fn(usize) -> ActivityError,
     mut each: impl FnMut(Record) -> Result<(), ActivityError>,
 ) -> Result<(usize, usize), ActivityError> {
+    // Where the record being read began: the reader below stops once it has read more
+    // than a row may take past it (and the csv reader's buffer).
+    let mark = Cell::new(0u64);
+    let mut capped = Capped {
+        inner: r,
+        read: 0,
+        mark: &mark,
+        cap: max_row.saturating_add(1 << 16),
+        over: false,
+    };
     let mut r = csv::ReaderBuilder::new()
         .has_headers(header.is_none())
-        .from_reader(r);
+        .from_reader(&mut capped);
     let (id_at, text_at) = match header {
         Some(at) => at,
         None => {
@@ -157,8 +215,16 @@ fn csv(
             cols.positions(&headers)?
         }
     };
-    for (row, rec) in r.records().enumerate() {
-        let rec = rec.map_err(|e| cols.malformed(format!("row {row}: {e}")))?;
+    mark.set(r.position().byte());
+    let mut rec = csv::StringRecord::new();
+    for row in first.. {
+        match r.read_record(&mut rec) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(_) if r.get_ref().over => return Err(too_long(row)),
+            Err(e) => return Err(cols.malformed(format!("row {row}: {e}"))),
+        }
+        mark.set(r.position().byte());
         let id = rec.get(id_at).ok_or_else(|| cols.null(cols.id, row))?;
         let text = rec.get(text_at).ok_or_else(|| cols.null(cols.text, row))?;
         each(Record {
@@ -171,6 +237,27 @@ fn csv(
         })?;
     }
     Ok((id_at, text_at))
+}
+
+/// A reader that fails once it has read `cap` bytes past `mark`.
+struct Capped<'a, 'm> {
+    inner: &'a mut dyn Read,
+    read: u64,
+    mark: &'m Cell<u64>,
+    cap: u64,
+    over: bool,
+}
+
+impl Read for Capped<'_, '_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.read.saturating_sub(self.mark.get()) > self.cap {
+            self.over = true;
+            return Err(std::io::Error::other("a row over the limit"));
+        }
+        let n = self.inner.read(out)?;
+        self.read += n as u64;
+        Ok(n)
+    }
 }
 
 /// Ids read from text formats: integers when all are, else strings.
@@ -274,12 +361,62 @@ mod tests {
     }
 
     #[test]
+    fn a_row_over_the_limit_on_its_own_is_refused_as_it_is_read() {
+        let long = "w".repeat(300_000);
+        let jsonl =
+            format!("{{\"id\": 1, \"text\": \"a\"}}\n{{\"id\": 2, \"text\": \"{long}\"}}\n");
+        let csv = format!("id,text\n1,a\n2,{long}\n");
+        for (b, format) in [(jsonl, Format::JsonLines), (csv, Format::Csv)] {
+            let m = read_span(b.as_bytes(), format, 100_000, span(0, 0))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                m.contains("row 1 of") && m.contains("takes over 100000 bytes on its own"),
+                "{format:?}: {m}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_second_read_of_other_rows_is_refused_as_retryable() {
+        let first = b"id,text\n1,aaaa\n2,bbbb\n3,cccc\n";
+        let replaced = b"id,text\n3,cccc\n1,aaaa\n2,bbbb\n";
+        let fetch = |r: Range<u64>| {
+            Ok(Bytes::copy_from_slice(
+                &replaced[r.start as usize..r.end as usize],
+            ))
+        };
+        let e = super::read(
+            &mut &first[..],
+            &fetch,
+            first.len() as u64,
+            Format::Csv,
+            &cols(),
+            u64::MAX,
+            span(0, 3),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, ActivityError::StorageUnavailable(m) if m.contains("changed while it was read")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn lines_of_unicode_spaces_are_blank() {
+        let jsonl = "{\"id\": 1, \"text\": \"a\"}\n\u{a0}\u{2003}\n{\"id\": 2, \"text\": \"b\"}\n";
+        let (t, _) = read_span(jsonl.as_bytes(), Format::JsonLines, u64::MAX, span(0, 2)).unwrap();
+        assert_eq!(t.texts, vec!["a".to_owned(), "b".to_owned()]);
+    }
+
+    #[test]
     fn the_limit_counts_every_id_and_the_spans_rows() {
         let mut csv = b"id,text\n".to_vec();
         for i in 0..1000 {
             csv.extend(format!("{i},{}\n", "w".repeat(1000)).as_bytes());
         }
-        // About 1 MB of texts and 40 kB of ids: a tenth of the rows fits 200 kB.
+        // About 1 MB of texts and 40 kB of ids; a range's bytes count twice (they are held
+        // with the texts made of them): a twentieth of the rows fits 200 kB.
         let m = read_span(&csv, Format::Csv, 200_000, span(0, 1000))
             .unwrap_err()
             .to_string();
@@ -288,8 +425,8 @@ mod tests {
                 && m.contains("over the limit of 200000 bytes"),
             "{m}"
         );
-        let (t, _) = read_span(&csv, Format::Csv, 200_000, span(500, 600)).unwrap();
-        assert_eq!(t.texts.len(), 100);
+        let (t, _) = read_span(&csv, Format::Csv, 200_000, span(500, 550)).unwrap();
+        assert_eq!(t.texts.len(), 50);
         let m = read_span(&csv, Format::Csv, 10_000, span(0, 0))
             .unwrap_err()
             .to_string();

@@ -7,13 +7,14 @@ use std::{io::Read, ops::Range};
 
 use bytes::{Buf, Bytes};
 use futures::{stream::BoxStream, StreamExt};
+use object_store::{GetOptions, GetResultPayload};
 
 use super::{
     parquet, records,
     storage::{storage_error, Location},
     table::{Columns, Format, Span, Table},
 };
-use crate::ActivityError;
+use crate::{input::quote_uri, ActivityError};
 
 /// What to read, and the most bytes one activity may hold of it.
 pub(crate) struct Source<'a> {
@@ -73,6 +74,7 @@ pub(crate) async fn load(
     }
     let got = store.get(&path).await.map_err(|e| storage_error(&uri, e))?;
     let size = got.meta.size;
+    let (e_tag, version) = (got.meta.e_tag.clone(), got.meta.version.clone());
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let cols = Columns {
@@ -80,20 +82,36 @@ pub(crate) async fn load(
             text: &text,
             uri: &uri,
         };
-        let mut whole = Streamed {
-            rt: &rt,
-            stream: got.into_stream(),
-            chunk: Bytes::new(),
+        let from = match got.payload {
+            // A local file is read as one, not in the store's 8 KiB chunks.
+            GetResultPayload::File(file, _) => Body::File(file.take(size)),
+            GetResultPayload::Stream(stream) => Body::Stream {
+                rt: &rt,
+                stream,
+                chunk: Bytes::new(),
+            },
+        };
+        let mut whole = Whole {
+            from,
+            uri: &uri,
             failed: None,
         };
+        // The rows' bytes of the version the first pass read (a replaced file fails the
+        // precondition, which is retryable).
         let fetch_range = |r: Range<u64>| {
-            rt.block_on(store.get_range(&path, r))
+            let options = GetOptions {
+                range: Some(r.into()),
+                if_match: e_tag.clone(),
+                version: version.clone(),
+                ..Default::default()
+            };
+            rt.block_on(async { store.get_opts(&path, options).await?.bytes().await })
                 .map_err(|e| storage_error(&uri, e))
         };
         let read = records::read(&mut whole, &fetch_range, size, format, &cols, max, span_of);
         // A parse error that came from storage failing mid-stream is storage's.
         match whole.failed.take() {
-            Some(e) => Err(storage_error(&uri, e)),
+            Some(e) => Err(e),
             None => read,
         }
     })
@@ -101,32 +119,107 @@ pub(crate) async fn load(
     .map_err(joined)?
 }
 
-/// A stored object's body as a `Read`, for the blocking pool: each chunk is awaited on the
-/// runtime. A storage error is kept, so that the reader's caller can tell it from a file
-/// that does not parse.
-struct Streamed<'a> {
-    rt: &'a tokio::runtime::Handle,
-    stream: BoxStream<'static, object_store::Result<Bytes>>,
-    chunk: Bytes,
-    failed: Option<object_store::Error>,
+/// A stored object's body.
+enum Body<'a> {
+    File(std::io::Take<std::fs::File>),
+    /// Chunks awaited on the runtime (from the blocking pool).
+    Stream {
+        rt: &'a tokio::runtime::Handle,
+        stream: BoxStream<'static, object_store::Result<Bytes>>,
+        chunk: Bytes,
+    },
 }
 
-impl Read for Streamed<'_> {
+/// A stored object's body as a `Read`, for the blocking pool. A storage error is kept, so
+/// that the reader's caller can tell it from a file that does not parse.
+struct Whole<'a> {
+    from: Body<'a>,
+    uri: &'a str,
+    failed: Option<ActivityError>,
+}
+
+impl Read for Whole<'_> {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        while self.chunk.is_empty() {
-            match self.rt.block_on(self.stream.next()) {
-                Some(Ok(b)) => self.chunk = b,
-                Some(Err(e)) => {
-                    let shown = e.to_string();
-                    self.failed = Some(e);
-                    return Err(std::io::Error::other(shown));
+        let Whole { from, uri, failed } = self;
+        match from {
+            Body::File(file) => file.read(out).inspect_err(|e| {
+                *failed = Some(ActivityError::StorageUnavailable(format!(
+                    "{}: {e}",
+                    quote_uri(uri)
+                )));
+            }),
+            Body::Stream { rt, stream, chunk } => {
+                while chunk.is_empty() {
+                    match rt.block_on(stream.next()) {
+                        Some(Ok(b)) => *chunk = b,
+                        Some(Err(e)) => {
+                            let shown = e.to_string();
+                            *failed = Some(storage_error(uri, e));
+                            return Err(std::io::Error::other(shown));
+                        }
+                        None => return Ok(0),
+                    }
                 }
-                None => return Ok(0),
+                let n = out.len().min(chunk.len());
+                out[..n].copy_from_slice(&chunk[..n]);
+                chunk.advance(n);
+                Ok(n)
             }
         }
-        let n = out.len().min(self.chunk.len());
-        out[..n].copy_from_slice(&self.chunk[..n]);
-        self.chunk.advance(n);
-        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A storage error in the middle of the first pass is storage's, not a malformed file.
+    #[test]
+    fn a_stream_that_fails_midway_is_retryable() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let chunks: Vec<object_store::Result<Bytes>> = vec![
+            Ok(Bytes::from_static(b"id,text\n1,a\n2,")),
+            Err(object_store::Error::Generic {
+                store: "test",
+                source: "connection reset".into(),
+            }),
+        ];
+        let handle = rt.handle().clone();
+        let got = rt.block_on(rt.spawn_blocking(move || {
+            let cols = Columns {
+                id: "id",
+                text: "text",
+                uri: "s3://b/d.csv",
+            };
+            let mut whole = Whole {
+                from: Body::Stream {
+                    rt: &handle,
+                    stream: futures::stream::iter(chunks).boxed(),
+                    chunk: Bytes::new(),
+                },
+                uri: "s3://b/d.csv",
+                failed: None,
+            };
+            let all = |n| {
+                Ok(Span {
+                    start: 0,
+                    end: n,
+                    whole: true,
+                })
+            };
+            let fetch = |_: Range<u64>| unreachable!("the first pass fails");
+            let read = records::read(&mut whole, &fetch, 100, Format::Csv, &cols, u64::MAX, all);
+            assert!(read.is_err());
+            whole.failed.take()
+        }));
+        let e = got.unwrap().expect("the storage error is kept");
+        assert!(
+            matches!(&e, ActivityError::StorageUnavailable(m) if m.contains("connection reset")),
+            "{e:?}"
+        );
     }
 }

@@ -52,6 +52,16 @@ pub(crate) enum Ids {
 }
 
 impl Ids {
+    /// Whether row `i`'s id is `v`, read from a text format (as [`Ids`] were made of
+    /// such values: integers when all were, else strings and numbers as their text).
+    pub(crate) fn holds(&self, i: usize, v: &serde_json::Value) -> bool {
+        match (self, v) {
+            (Ids::Int(ids), v) => ids.get(i).is_some_and(|&id| v.as_i64() == Some(id)),
+            (Ids::Str(ids), serde_json::Value::String(s)) => ids.get(i) == Some(s),
+            (Ids::Str(ids), v) => ids.get(i) == Some(&v.to_string()),
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         match self {
             Ids::Int(v) => v.len(),
