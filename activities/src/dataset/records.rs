@@ -37,7 +37,9 @@ pub(crate) fn read(
 ) -> Result<Table, ActivityError> {
     let mut held = Held::new(cols, max_bytes);
     let (mut ids, mut offsets) = (Vec::new(), Vec::new());
-    let header = records(whole, format, cols, None, 0, max_bytes, |r| {
+    // A row's bytes count twice once its range is fetched (below): a row over half the
+    // limit could never be held, so it is refused as the first pass reads it.
+    let header = records(whole, format, cols, None, 0, max_bytes / 2, |r| {
         // The id as held (a JSON value, its string's bytes) and the row's offset.
         let bytes = 32 + 8 + r.id.as_str().map_or(0, |s| s.len() as u64);
         ids.push(r.id);
@@ -86,7 +88,12 @@ pub(crate) fn read(
                 texts.push(r.text);
                 Ok(())
             },
-        )?;
+        )
+        // The first pass parsed these bytes: if they do not parse now, they are others.
+        .map_err(|e| match e {
+            ActivityError::StorageUnavailable(_) => e,
+            other => changed(other.to_string()),
+        })?;
     }
     if texts.len() != span.end - span.start {
         return Err(changed(format!(
@@ -114,7 +121,7 @@ fn records(
 ) -> Result<Option<(usize, usize)>, ActivityError> {
     let too_long = |row: usize| {
         ActivityError::InvalidInput(format!(
-            "row {row} of {} takes over {max_row} bytes on its own, over the limit for what one embed_dataset activity holds in memory (--max-dataset-bytes): shorten it, or raise the limit",
+            "row {row} of {} takes over {max_row} bytes on its own, over what one embed_dataset activity can hold of a row within its limit (half of --max-dataset-bytes: a row's bytes and its text are held at once): shorten it, or raise the limit",
             quote_uri(cols.uri)
         ))
     };
@@ -224,7 +231,11 @@ fn csv(
             Err(_) if r.get_ref().over => return Err(too_long(row)),
             Err(e) => return Err(cols.malformed(format!("row {row}: {e}"))),
         }
-        mark.set(r.position().byte());
+        let end = r.position().byte();
+        if end.saturating_sub(rec.position().map_or(end, |p| p.byte())) > max_row {
+            return Err(too_long(row));
+        }
+        mark.set(end);
         let id = rec.get(id_at).ok_or_else(|| cols.null(cols.id, row))?;
         let text = rec.get(text_at).ok_or_else(|| cols.null(cols.text, row))?;
         each(Record {
@@ -239,7 +250,8 @@ fn csv(
     Ok((id_at, text_at))
 }
 
-/// A reader that fails once it has read `cap` bytes past `mark`.
+/// A reader that fails once it has read `cap` bytes past `mark`: a bound on what one
+/// record can take while it is read (a run of blank lines that long is refused too).
 struct Capped<'a, 'm> {
     inner: &'a mut dyn Read,
     read: u64,
@@ -371,7 +383,7 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(
-                m.contains("row 1 of") && m.contains("takes over 100000 bytes on its own"),
+                m.contains("row 1 of") && m.contains("takes over 50000 bytes on its own"),
                 "{format:?}: {m}"
             );
         }
@@ -394,6 +406,29 @@ mod tests {
             &cols(),
             u64::MAX,
             span(0, 3),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, ActivityError::StorageUnavailable(m) if m.contains("changed while it was read")),
+            "{e:?}"
+        );
+        // Replaced by rows of other lengths, the range starts mid-row and does not parse:
+        // that is the change too, not a malformed file.
+        let first = b"{\"id\": 1, \"text\": \"a\"}\n{\"id\": 2, \"text\": \"b\"}\n";
+        let replaced = b"{\"id\": 1, \"text\": \"longer\"}\n{\"id\": 2, \"text\": \"b\"}\n";
+        let fetch = |r: Range<u64>| {
+            Ok(Bytes::copy_from_slice(
+                &replaced[r.start as usize..r.end as usize],
+            ))
+        };
+        let e = super::read(
+            &mut &first[..],
+            &fetch,
+            first.len() as u64,
+            Format::JsonLines,
+            &cols(),
+            u64::MAX,
+            span(1, 2),
         )
         .unwrap_err();
         assert!(

@@ -102,7 +102,14 @@ pub(crate) async fn load(
             let options = GetOptions {
                 range: Some(r.into()),
                 if_match: e_tag.clone(),
-                version: version.clone(),
+                // The e_tag pins the content; a version is asked for only without one,
+                // since reading a version takes a permission (s3:GetObjectVersion) that
+                // a read-only role may not have.
+                version: if e_tag.is_none() {
+                    version.clone()
+                } else {
+                    None
+                },
                 ..Default::default()
             };
             rt.block_on(async { store.get_opts(&path, options).await?.bytes().await })
@@ -143,10 +150,13 @@ impl Read for Whole<'_> {
         let Whole { from, uri, failed } = self;
         match from {
             Body::File(file) => file.read(out).inspect_err(|e| {
-                *failed = Some(ActivityError::StorageUnavailable(format!(
-                    "{}: {e}",
-                    quote_uri(uri)
-                )));
+                // The reader retries an interrupted read.
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    *failed = Some(ActivityError::StorageUnavailable(format!(
+                        "{}: {e}",
+                        quote_uri(uri)
+                    )));
+                }
             }),
             Body::Stream { rt, stream, chunk } => {
                 while chunk.is_empty() {
