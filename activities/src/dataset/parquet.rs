@@ -102,12 +102,10 @@ pub(crate) fn read(
         fetched: 0,
     };
     let meta = Arc::new(metadata(&mut f, cols)?);
-    let options = views(&meta, cols)?;
-    let decoder = || {
-        ParquetPushDecoderBuilder::try_new_decoder_with_options(meta.clone(), options.clone())
-            .map_err(|e| cols.malformed(e))
-    };
-    let builder = decoder()?;
+    // The file's Arrow schema, with texts as views, derived once for both decoders.
+    let arrow = views(&meta, cols)?;
+    let decoder = || ParquetPushDecoderBuilder::new_with_metadata(arrow.clone());
+    let builder = decoder();
     let names: Vec<String> = builder
         .schema()
         .fields()
@@ -186,7 +184,7 @@ pub(crate) fn read(
             RowSelector::select(take),
             RowSelector::skip(in_groups - skip - take),
         ]);
-        let dec = decoder()?;
+        let dec = decoder();
         let mask = ProjectionMask::roots(dec.parquet_schema(), [text_at]);
         let dec = dec
             .with_projection(mask)
@@ -416,10 +414,13 @@ fn strings(
     Ok(())
 }
 
-/// Reader options that read every text column as string views: a dictionary-encoded
+/// The file's reader metadata, with every text column read as string views: a dictionary-encoded
 /// column then points into its dictionary instead of copying a value per row, so a batch
 /// of a text repeated many times takes its dictionary's memory, not rows × the text.
-fn views(meta: &Arc<ParquetMetaData>, cols: &Columns) -> Result<ArrowReaderOptions, ActivityError> {
+fn views(
+    meta: &Arc<ParquetMetaData>,
+    cols: &Columns,
+) -> Result<ArrowReaderMetadata, ActivityError> {
     let file = ArrowReaderMetadata::try_new(meta.clone(), ArrowReaderOptions::new())
         .map_err(|e| cols.malformed(e))?;
     let fields: Vec<Field> = file
@@ -434,7 +435,11 @@ fn views(meta: &Arc<ParquetMetaData>, cols: &Columns) -> Result<ArrowReaderOptio
         })
         .collect();
     let schema = Schema::new_with_metadata(fields, file.schema().metadata().clone());
-    Ok(ArrowReaderOptions::new().with_schema(Arc::new(schema)))
+    ArrowReaderMetadata::try_new(
+        meta.clone(),
+        ArrowReaderOptions::new().with_schema(Arc::new(schema)),
+    )
+    .map_err(|e| cols.malformed(e))
 }
 
 /// Runs `dec` to the end a row group at a time, fetching what it asks for: hands each

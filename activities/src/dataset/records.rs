@@ -339,6 +339,14 @@ mod tests {
         read_span(&b, format, u64::MAX, all).map(|(t, _)| t)
     }
 
+    fn span_of(start: usize, end: usize) -> Span {
+        Span {
+            start,
+            end,
+            whole: false,
+        }
+    }
+
     fn span(start: usize, end: usize) -> impl FnOnce(usize) -> Result<Span, ActivityError> {
         move |n| {
             Ok(Span {
@@ -389,52 +397,51 @@ mod tests {
         }
     }
 
+    /// The error of a read whose first pass sees `first` and whose second is served from
+    /// `replaced`.
+    fn replaced_read(first: &[u8], replaced: &[u8], format: Format, rows: Span) -> ActivityError {
+        let fetch = |r: Range<u64>| {
+            Ok(Bytes::copy_from_slice(
+                &replaced[r.start as usize..r.end as usize],
+            ))
+        };
+        super::read(
+            &mut &first[..],
+            &fetch,
+            first.len() as u64,
+            format,
+            &cols(),
+            u64::MAX,
+            |_| Ok(rows),
+        )
+        .unwrap_err()
+    }
+
     #[test]
     fn a_second_read_of_other_rows_is_refused_as_retryable() {
-        let first = b"id,text\n1,aaaa\n2,bbbb\n3,cccc\n";
-        let replaced = b"id,text\n3,cccc\n1,aaaa\n2,bbbb\n";
-        let fetch = |r: Range<u64>| {
-            Ok(Bytes::copy_from_slice(
-                &replaced[r.start as usize..r.end as usize],
-            ))
-        };
-        let e = super::read(
-            &mut &first[..],
-            &fetch,
-            first.len() as u64,
-            Format::Csv,
-            &cols(),
-            u64::MAX,
-            span(0, 3),
-        )
-        .unwrap_err();
-        assert!(
-            matches!(&e, ActivityError::StorageUnavailable(m) if m.contains("changed while it was read")),
-            "{e:?}"
-        );
-        // Replaced by rows of other lengths, the range starts mid-row and does not parse:
-        // that is the change too, not a malformed file.
-        let first = b"{\"id\": 1, \"text\": \"a\"}\n{\"id\": 2, \"text\": \"b\"}\n";
-        let replaced = b"{\"id\": 1, \"text\": \"longer\"}\n{\"id\": 2, \"text\": \"b\"}\n";
-        let fetch = |r: Range<u64>| {
-            Ok(Bytes::copy_from_slice(
-                &replaced[r.start as usize..r.end as usize],
-            ))
-        };
-        let e = super::read(
-            &mut &first[..],
-            &fetch,
-            first.len() as u64,
-            Format::JsonLines,
-            &cols(),
-            u64::MAX,
-            span(1, 2),
-        )
-        .unwrap_err();
-        assert!(
-            matches!(&e, ActivityError::StorageUnavailable(m) if m.contains("changed while it was read")),
-            "{e:?}"
-        );
+        let cases: [(&[u8], &[u8], Format, Span); 2] = [
+            (
+                b"id,text\n1,aaaa\n2,bbbb\n3,cccc\n",
+                b"id,text\n3,cccc\n1,aaaa\n2,bbbb\n",
+                Format::Csv,
+                span_of(0, 3),
+            ),
+            // Replaced by rows of other lengths, the range starts mid-row and does not
+            // parse: that is the change too, not a malformed file.
+            (
+                b"{\"id\": 1, \"text\": \"a\"}\n{\"id\": 2, \"text\": \"b\"}\n",
+                b"{\"id\": 1, \"text\": \"longer\"}\n{\"id\": 2, \"text\": \"b\"}\n",
+                Format::JsonLines,
+                span_of(1, 2),
+            ),
+        ];
+        for (first, replaced, format, rows) in cases {
+            let e = replaced_read(first, replaced, format, rows);
+            assert!(
+                matches!(&e, ActivityError::StorageUnavailable(m) if m.contains("changed while it was read")),
+                "{format:?}: {e:?}"
+            );
+        }
     }
 
     #[test]
