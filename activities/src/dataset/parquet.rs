@@ -473,7 +473,7 @@ fn drain(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use arrow_array::{Int64Array, StringArray};
     use arrow_schema::{Field, Schema};
     use parquet::{
@@ -490,7 +490,7 @@ mod tests {
     };
 
     /// A file of `n` rows in row groups of `group` rows; row i's text is 500 bytes.
-    fn file(n: usize, group: usize, nulls_at: Option<usize>) -> Bytes {
+    pub(crate) fn file(n: usize, group: usize, nulls_at: Option<usize>) -> Bytes {
         let texts = (0..n)
             .map(|i| (Some(i) != nulls_at).then(|| format!("{i:05}{}", "x".repeat(495))))
             .collect();

@@ -13,7 +13,10 @@ use std::{
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::table::{unique, Columns, Format, Held, Ids, Span, Table, PER_ROW};
+use super::{
+    storage::changed,
+    table::{unique, Columns, Format, Held, Ids, Span, Table, PER_ROW},
+};
 use crate::{input::quote_uri, ActivityError};
 
 /// One row of a JSON Lines or CSV file.
@@ -55,12 +58,7 @@ pub(crate) fn read(
     // The second read must give the rows the first one found: storage is asked for the
     // version the first read saw, and each row's id is compared. A file replaced between
     // the two is storage's doing, so the job fails as retryable and reads it anew.
-    let changed = |why: String| {
-        ActivityError::StorageUnavailable(format!(
-            "{} changed while it was read ({why}); a retry reads it anew",
-            quote_uri(cols.uri)
-        ))
-    };
+    let replaced = |why: String| changed(cols.uri, &why);
     if span.start < span.end {
         let bytes = offsets[span.start]..offsets.get(span.end).copied().unwrap_or(size);
         // The rows' bytes are what their texts take at most (escapes and quotes only
@@ -82,7 +80,7 @@ pub(crate) fn read(
             u64::MAX,
             |r| {
                 if row >= span.end || !ids.holds(row, &r.id) {
-                    return Err(changed(format!("row {row} is not where it was")));
+                    return Err(replaced(format!("row {row} is not where it was")));
                 }
                 row += 1;
                 texts.push(r.text);
@@ -92,11 +90,11 @@ pub(crate) fn read(
         // The first pass parsed these bytes: if they do not parse now, they are others.
         .map_err(|e| match e {
             ActivityError::StorageUnavailable(_) => e,
-            other => changed(other.to_string()),
+            other => replaced(other.to_string()),
         })?;
     }
     if texts.len() != span.end - span.start {
-        return Err(changed(format!(
+        return Err(replaced(format!(
             "rows {} to {} gave {} rows",
             span.start,
             span.end,

@@ -7,7 +7,9 @@ use std::{io::Read, ops::Range};
 
 use bytes::{Buf, Bytes};
 use futures::{stream::BoxStream, StreamExt};
-use object_store::{GetOptions, GetResultPayload};
+use object_store::{
+    coalesce_ranges, GetOptions, GetResultPayload, ObjectMeta, OBJECT_STORE_COALESCE_DEFAULT,
+};
 
 use super::{
     parquet, records,
@@ -42,11 +44,11 @@ pub(crate) async fn load(
     let joined =
         |e: tokio::task::JoinError| ActivityError::Internal(format!("reading the dataset: {e}"));
     if format == Format::Parquet {
-        let size = store
+        let meta = store
             .head(&path)
             .await
-            .map_err(|e| storage_error(&uri, e))?
-            .size;
+            .map_err(|e| storage_error(&uri, e))?;
+        let size = meta.size;
         let rt = tokio::runtime::Handle::current();
         return tokio::task::spawn_blocking(move || {
             let cols = Columns {
@@ -54,9 +56,19 @@ pub(crate) async fn load(
                 text: &text,
                 uri: &uri,
             };
-            // On the blocking pool, so waiting here for the store holds no runtime thread.
+            // The footer, the ids and the texts are fetched apart: each fetch is pinned to
+            // the version `head` saw, so a file replaced in between fails as retryable
+            // instead of decoding one file's offsets against another's bytes. Near ranges
+            // are merged into one request, as `get_ranges` would.
             let fetch = |ranges: &[Range<u64>]| {
-                rt.block_on(store.get_ranges(&path, ranges))
+                let one = |r: Range<u64>| {
+                    let options = pinned(&meta, r);
+                    let (store, path) = (&store, &path);
+                    async move { store.get_opts(path, options).await?.bytes().await }
+                };
+                // On the blocking pool, so waiting here for the store holds no runtime
+                // thread.
+                rt.block_on(coalesce_ranges(ranges, one, OBJECT_STORE_COALESCE_DEFAULT))
                     .map_err(|e| storage_error(&uri, e))
             };
             let read = parquet::read(&fetch, size, &cols, max, span_of)?;
@@ -73,8 +85,8 @@ pub(crate) async fn load(
         .map_err(joined)?;
     }
     let got = store.get(&path).await.map_err(|e| storage_error(&uri, e))?;
-    let size = got.meta.size;
-    let (e_tag, version) = (got.meta.e_tag.clone(), got.meta.version.clone());
+    let meta = got.meta.clone();
+    let size = meta.size;
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let cols = Columns {
@@ -99,19 +111,7 @@ pub(crate) async fn load(
         // The rows' bytes of the version the first pass read (a replaced file fails the
         // precondition, which is retryable).
         let fetch_range = |r: Range<u64>| {
-            let options = GetOptions {
-                range: Some(r.into()),
-                if_match: e_tag.clone(),
-                // The e_tag pins the content; a version is asked for only without one,
-                // since reading a version takes a permission (s3:GetObjectVersion) that
-                // a read-only role may not have.
-                version: if e_tag.is_none() {
-                    version.clone()
-                } else {
-                    None
-                },
-                ..Default::default()
-            };
+            let options = pinned(&meta, r);
             rt.block_on(async { store.get_opts(&path, options).await?.bytes().await })
                 .map_err(|e| storage_error(&uri, e))
         };
@@ -124,6 +124,20 @@ pub(crate) async fn load(
     })
     .await
     .map_err(joined)?
+}
+
+/// Reads `range` of the object `meta` describes, and only of that version: another fails
+/// with a precondition error.
+fn pinned(meta: &ObjectMeta, range: Range<u64>) -> GetOptions {
+    GetOptions {
+        range: Some(range.into()),
+        if_match: meta.e_tag.clone(),
+        // The e_tag pins the content; a version is asked for only without one, since
+        // reading a version takes a permission (s3:GetObjectVersion) that a read-only role
+        // may not have.
+        version: meta.version.clone().filter(|_| meta.e_tag.is_none()),
+        ..Default::default()
+    }
 }
 
 /// A stored object's body.
@@ -231,5 +245,78 @@ mod tests {
             matches!(&e, ActivityError::StorageUnavailable(m) if m.contains("connection reset")),
             "{e:?}"
         );
+    }
+
+    /// Reads `name` from a local store, replacing it with `after` once its ids are read
+    /// (`span_of` runs between the ids and the texts), when `after` is given.
+    async fn read_replaced(
+        name: &str,
+        format: Format,
+        before: &[u8],
+        after: Option<Vec<u8>>,
+    ) -> Result<Table, ActivityError> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(name);
+        std::fs::write(&file, before).unwrap();
+        let at = Location {
+            store: std::sync::Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
+            ),
+            path: name.into(),
+        };
+        let span_of = move |n| {
+            if let Some(bytes) = after {
+                // As a writer would: a new file renamed over the old one.
+                let fresh = file.with_extension("new");
+                std::fs::write(&fresh, bytes).unwrap();
+                std::fs::rename(&fresh, &file).unwrap();
+            }
+            Ok(Span {
+                start: 0,
+                end: n,
+                whole: true,
+            })
+        };
+        let source = Source {
+            at: &at,
+            uri: "file:///d/x",
+            format,
+            id_column: "id",
+            text_column: "text",
+            max_bytes: u64::MAX,
+        };
+        load(source, span_of).await
+    }
+
+    /// A file replaced between the ids and the texts fails as retryable, in both readers:
+    /// each fetch after the first is pinned to the version first seen.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_source_replaced_while_it_is_read_is_read_anew_by_a_retry() {
+        let lines = |n: usize, tag: &str| -> Vec<u8> {
+            (0..n)
+                .map(|i| format!("{{\"id\":{i},\"text\":\"{tag} {i}\"}}\n"))
+                .collect::<String>()
+                .into_bytes()
+        };
+        let cases = [
+            (
+                "d.parquet",
+                Format::Parquet,
+                parquet::tests::file(4000, 1000, None).to_vec(),
+                parquet::tests::file(3000, 700, None).to_vec(),
+            ),
+            ("d.jsonl", Format::JsonLines, lines(50, "a"), lines(50, "b")),
+        ];
+        for (name, format, before, after) in cases {
+            let whole = read_replaced(name, format, &before, None).await.unwrap();
+            assert_eq!(whole.texts.len(), whole.ids.len(), "{name}");
+            match read_replaced(name, format, &before, Some(after)).await {
+                Err(ActivityError::StorageUnavailable(m)) => {
+                    assert!(m.contains("changed while it was read"), "{name}: {m}")
+                }
+                Err(e) => panic!("{name}: {e:?}"),
+                Ok(t) => panic!("{name}: read {} rows of a replaced file", t.texts.len()),
+            }
+        }
     }
 }

@@ -273,8 +273,21 @@ pub(crate) fn storage_error(uri: &str, e: object_store::Error) -> ActivityError 
         object_store::Error::NotFound { .. } => {
             ActivityError::InvalidInput(format!("{} does not exist; check the URI", quote_uri(uri)))
         }
+        // The object is not the version the read began on: it was replaced part-way.
+        object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
+            changed(uri, "storage no longer holds the version first read")
+        }
         other => ActivityError::StorageUnavailable(format!("{}: {other}", quote_uri(uri))),
     }
+}
+
+/// A source replaced while a job read it. That is storage's doing, not the payload's, so
+/// it is retryable: the retry reads the new file from its start.
+pub(crate) fn changed(uri: &str, why: &str) -> ActivityError {
+    ActivityError::StorageUnavailable(format!(
+        "{} changed while it was read ({why}); a retry reads it anew",
+        quote_uri(uri)
+    ))
 }
 
 #[cfg(test)]
