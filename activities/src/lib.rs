@@ -13,7 +13,7 @@ mod rerank;
 mod service;
 
 pub use crate::{
-    dataset::{DataRoots, DatasetObserver, PartOutcome},
+    dataset::{DataRoots, DatasetMemory, DatasetObserver, PartOutcome},
     error::ActivityError,
     limits::Limits,
     service::{Call, DeviceActivities, ModelSet, Ran, Route},

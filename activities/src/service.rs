@@ -8,7 +8,7 @@ use gpulane_proto::{
 };
 
 use crate::{
-    dataset::{DataRoots, DatasetObserver},
+    dataset::{DataRoots, DatasetMemory, DatasetObserver},
     embed::parse_embed,
     input::{invalid, quote},
     rerank::parse_rerank,
@@ -284,7 +284,7 @@ struct Inner {
     limits: Limits,
     fault_hooks: bool,
     data_roots: DataRoots,
-    max_dataset_bytes: u64,
+    dataset_memory: DatasetMemory,
     dataset_observer: Option<Arc<dyn DatasetObserver>>,
 }
 
@@ -306,7 +306,7 @@ impl DeviceActivities {
                 fault_hooks: false,
                 data_roots: DataRoots::default(),
                 // With no roots no dataset is read; `with_datasets` sets both.
-                max_dataset_bytes: 0,
+                dataset_memory: DatasetMemory::new(0),
                 dataset_observer: None,
             }),
         }
@@ -321,18 +321,19 @@ impl DeviceActivities {
         self
     }
 
-    /// Where `embed_dataset` may read and write, the most bytes of its source one activity
-    /// may hold in memory (see `--max-dataset-bytes`), and who hears about its parts.
+    /// Where `embed_dataset` may read and write, the memory its jobs hold their sources in
+    /// (see `--max-dataset-bytes`; one for the worker, shared by every device), and who
+    /// hears about its parts.
     pub fn with_datasets(
         mut self,
         roots: DataRoots,
-        max_bytes: u64,
+        memory: DatasetMemory,
         observer: Option<Arc<dyn DatasetObserver>>,
     ) -> Self {
         let inner = Arc::get_mut(&mut self.inner)
             .expect("data roots are set before the activities are shared; this is a bug");
         inner.data_roots = roots;
-        inner.max_dataset_bytes = max_bytes;
+        inner.dataset_memory = memory;
         inner.dataset_observer = observer;
         self
     }
@@ -341,8 +342,8 @@ impl DeviceActivities {
         &self.inner.data_roots
     }
 
-    pub(crate) fn max_dataset_bytes(&self) -> u64 {
-        self.inner.max_dataset_bytes
+    pub(crate) fn dataset_memory(&self) -> &DatasetMemory {
+        &self.inner.dataset_memory
     }
 
     pub(crate) fn dataset_observer(&self) -> Option<Arc<dyn DatasetObserver>> {

@@ -494,11 +494,12 @@ pub struct RunArgs {
     #[arg(long, env = "GPULANE_MAX_RESULT_BYTES", default_value_t = 2_000_000)]
     pub max_result_bytes: usize,
 
-    /// Most one `embed_dataset` activity holds of its source: bytes (e.g. 4GiB) or a
-    /// fraction of the host's memory, or of its cgroup's limit when lower (e.g. 0.25). A job
-    /// holds every id of the file and its own rows' texts (a shard reads no other texts),
-    /// counted as read. Over it, the job fails with InvalidInput before the texts are held,
-    /// instead of exhausting memory.
+    /// Most the worker's `embed_dataset` activities hold of their sources together: bytes
+    /// (e.g. 4GiB) or a fraction of the host's memory, or of its cgroup's limit when lower
+    /// (e.g. 0.25). A job holds every id of the file and its own rows' texts (a shard reads
+    /// no other texts), counted as read. A job that alone would pass it fails with
+    /// InvalidInput before the texts are held; one that finds it held by other jobs waits
+    /// for them, then reads its source again.
     #[arg(long, env = "GPULANE_MAX_DATASET_BYTES", default_value = "0.125")]
     pub max_dataset_bytes: String,
 

@@ -144,10 +144,12 @@ pub(crate) async fn print_admission(args: &RunArgs) -> Result<(), RuntimeError> 
     }
     let engines = load(|m| m.on_cpu)?;
     if !engines.is_empty() {
-        let host = host(d)?;
+        let host = host(d, settings.max_dataset)?;
         let budget = host_budget(&settings, &host, &engines, Arc::default());
         budget.set_reading(host.memory.available(), host.memory.own_usage());
         print_budget(&format!("host {}", host.memory.source()), &budget);
+        // Read into host memory whichever device embeds them, by every lane together.
+        println!("  datasets max_bytes={}", host.datasets.bytes());
     }
     Ok(())
 }

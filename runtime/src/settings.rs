@@ -164,8 +164,8 @@ pub(crate) struct Settings {
     pub headroom: Headroom,
     /// `--host-memory-headroom`: host memory the CPU lanes never promise.
     pub host_headroom: Headroom,
-    /// `--max-dataset-bytes`, resolved against the host's memory when a device loads (it
-    /// needs the host, which is found after the settings).
+    /// `--max-dataset-bytes`, resolved against the host's memory when the host is found
+    /// (after the settings), into the one `DatasetMemory` every device's jobs share.
     pub max_dataset: Headroom,
     /// `--vram-cost` overrides by model name.
     pub vram_costs: Vec<(String, u64)>,

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use gpulane_activities::{DeviceActivities, ModelSet};
+use gpulane_activities::{DatasetMemory, DeviceActivities, ModelSet};
 use gpulane_models::{DType, Engine, EngineDevice, EngineOptions, ModelKind, Tokenizing};
 use gpulane_proto::activity;
 
@@ -20,7 +20,7 @@ use crate::{
     lanes::{DevicePlan, LanePlan},
     metrics::Metrics,
     registry::{declarations, resolve, ModelSpec},
-    settings::{DeviceSettings, Settings},
+    settings::{DeviceSettings, Headroom, Settings},
     RuntimeError,
 };
 
@@ -101,12 +101,14 @@ pub(crate) fn inventory(d: &DeviceSettings) -> Result<Arc<dyn DeviceInventory>, 
     }
 }
 
-/// The host as every device's engines share it: its memory, and the tokenizing slots
-/// (tokenization runs on the host, whichever device runs the model).
+/// The host as every device's engines share it: its memory, the tokenizing slots
+/// (tokenization runs on the host, whichever device runs the model), and the memory
+/// dataset jobs read their sources into (likewise the host's, whichever device embeds).
 #[derive(Clone)]
 pub(crate) struct Host {
     pub memory: Arc<dyn HostMemory>,
     pub tokenizing: Arc<Tokenizing>,
+    pub datasets: DatasetMemory,
 }
 
 /// Most calls tokenizing at once. Each call's `encode_batch` already spreads over the
@@ -114,8 +116,8 @@ pub(crate) struct Host {
 const MOST_TOKENIZING: usize = 4;
 
 /// The host the settings ask for: `--simulated-host-memory`, else the machine's memory
-/// through `sysinfo`.
-pub(crate) fn host(d: &DeviceSettings) -> Result<Host, RuntimeError> {
+/// through `sysinfo`, with `max_dataset` of it for dataset jobs.
+pub(crate) fn host(d: &DeviceSettings, max_dataset: Headroom) -> Result<Host, RuntimeError> {
     let memory: Arc<dyn HostMemory> = match d.simulated_host {
         Some(bytes) => {
             tracing::warn!(
@@ -129,15 +131,18 @@ pub(crate) fn host(d: &DeviceSettings) -> Result<Host, RuntimeError> {
     let slots = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(MOST_TOKENIZING);
+    let datasets = DatasetMemory::new(max_dataset.bytes(memory.total()));
     tracing::info!(
         source = memory.source(),
         total_bytes = memory.total(),
         tokenizing_slots = slots,
+        dataset_bytes = datasets.bytes(),
         "host memory"
     );
     Ok(Host {
         tokenizing: Tokenizing::new(slots, memory.engine_memory()),
         memory,
+        datasets,
     })
 }
 
@@ -307,8 +312,7 @@ pub(crate) fn load_device(
     .with_fault_hooks(settings.test_faults)
     .with_datasets(
         settings.data_roots.clone(),
-        // A dataset is read into the host's memory, whichever device embeds it.
-        settings.max_dataset.bytes(host.memory.total()),
+        host.datasets.clone(),
         Some(metrics.datasets(plan.label())),
     );
     // Loaded whole: the weights stay held as long as the engines.

@@ -551,6 +551,11 @@ def test_f_a_parquet_source_over_the_limit_runs_in_shards_that_each_fit(temporal
     assert [(m["start"], m["end"]) for m in manifests] == [(i * 50, i * 50 + 50) for i in range(shards)]
     out = Output(root, "out/shards/", DIMS)
     out.check_complete(data, root, "out/shards/")
+    # The limit is the worker's, not each job's: two shards' texts do not fit in it at once,
+    # so the shards sent together took turns, each waiting for the one before to end.
+    waits = g.log().count("waiting for memory other embed_dataset jobs hold")
+    print(f"[f] shard reads that waited for another shard's memory: {waits}")
+    assert waits >= 1, "the shards ran at once, each holding its own limit"
 
 
 # --- g. the data roots hold --------------------------------------------------------------

@@ -8,6 +8,7 @@
 //! interactive `embed` arriving meanwhile waits for at most one small call of the job, and
 //! a call with a more urgent Temporal priority goes ahead of the job's rows.
 
+mod memory;
 mod parquet;
 mod parts;
 mod records;
@@ -22,7 +23,7 @@ use gpulane_proto::{DatasetProgress, EmbedDatasetRequest, Manifest, PartRef, Row
 use object_store::PutPayload;
 use serde_json::{Map, Value};
 
-pub use self::storage::DataRoots;
+pub use self::{memory::DatasetMemory, storage::DataRoots};
 use self::{
     parts::{encode, manifest_name, part_name, PartMeta},
     source::{load, Source},
@@ -272,10 +273,13 @@ pub(crate) async fn run(
         format,
         id_column: &req.id_column,
         text_column: &req.text_column,
-        max_bytes: svc.max_dataset_bytes(),
+        memory: svc.dataset_memory(),
     };
     let span_req = req.clone();
-    let table = Arc::new(load(source, move |n| row_range(&span_req, n)).await?);
+    // The claim holds the job's share of the worker's dataset memory until the job ends,
+    // as the table does the memory.
+    let (table, _claim) = load(source, move |n| row_range(&span_req, n)).await?;
+    let table = Arc::new(table);
     let Span { start, end, whole } = table.span;
     // Every row of the range, with the prompt that goes before it, against the per-text
     // limit, before any part is written. `embed`'s per-call total does not apply: the job

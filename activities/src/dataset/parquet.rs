@@ -24,7 +24,10 @@ use parquet::{
     DecodeResult,
 };
 
-use super::table::{unique, Columns, Held, Ids, Span, Table, PER_ROW};
+use super::{
+    memory::Claim,
+    table::{unique, Columns, Held, Ids, Span, Table, PER_ROW},
+};
 use crate::{
     input::{quote, quote_uri},
     ActivityError,
@@ -92,9 +95,10 @@ pub(crate) fn read(
     fetch: &Fetch<'_>,
     size: u64,
     cols: &Columns,
-    max_bytes: u64,
+    claim: &mut Claim,
     span_of: impl FnOnce(usize) -> Result<Span, ActivityError>,
 ) -> Result<Read, ActivityError> {
+    let max_bytes = claim.limit();
     let mut f = Fetcher {
         fetch,
         size,
@@ -155,7 +159,7 @@ pub(crate) fn read(
             })
             .fold(0u64, u64::saturating_add)
     };
-    let mut held = Held::new(cols, max_bytes);
+    let mut held = Held::new(cols, claim);
     held.span(span, n);
     let need = (0..groups)
         .map(|g| chunk_bytes(g, id_at))
@@ -165,6 +169,7 @@ pub(crate) fn read(
     if need > max_bytes {
         return Err(held.over(&format!("about {need}")));
     }
+    held.reserve(need)?;
 
     let ids = read_ids(&mut f, &mut held, builder, &meta, id_at)?;
     if ids.len() != n {
@@ -482,6 +487,7 @@ pub(crate) mod tests {
     };
 
     use super::*;
+    use crate::dataset::memory::DatasetMemory;
 
     const COLS: Columns<'static> = Columns {
         id: "id",
@@ -547,7 +553,8 @@ pub(crate) mod tests {
                 .map(|r| data.slice(r.start as usize..r.end as usize))
                 .collect())
         };
-        read(&fetch, data.len() as u64, &COLS, max, s)
+        let mut claim = Claim::new(&DatasetMemory::new(max));
+        read(&fetch, data.len() as u64, &COLS, &mut claim, s)
     }
 
     #[test]

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::{
+    memory::Claim,
     storage::changed,
     table::{unique, Columns, Format, Held, Ids, Span, Table, PER_ROW},
 };
@@ -35,10 +36,11 @@ pub(crate) fn read(
     size: u64,
     format: Format,
     cols: &Columns,
-    max_bytes: u64,
+    claim: &mut Claim,
     span_of: impl FnOnce(usize) -> Result<Span, ActivityError>,
 ) -> Result<Table, ActivityError> {
-    let mut held = Held::new(cols, max_bytes);
+    let max_bytes = claim.limit();
+    let mut held = Held::new(cols, claim);
     let (mut ids, mut offsets) = (Vec::new(), Vec::new());
     // A row's bytes count twice once its range is fetched (below): a row over half the
     // limit could never be held, so it is refused as the first pass reads it.
@@ -291,6 +293,7 @@ mod tests {
     use std::cell::Cell;
 
     use super::*;
+    use crate::dataset::memory::DatasetMemory;
 
     fn cols() -> Columns<'static> {
         Columns {
@@ -319,7 +322,7 @@ mod tests {
             b.len() as u64,
             format,
             &cols(),
-            max,
+            &mut Claim::new(&DatasetMemory::new(max)),
             span_of,
         )?;
         Ok((t, fetched.get()))
@@ -409,7 +412,7 @@ mod tests {
             first.len() as u64,
             format,
             &cols(),
-            u64::MAX,
+            &mut Claim::new(&DatasetMemory::new(u64::MAX)),
             |_| Ok(rows),
         )
         .unwrap_err()

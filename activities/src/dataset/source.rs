@@ -1,7 +1,8 @@
 //! Getting a job's rows out of storage, on the blocking pool: a Parquet source by its row
 //! groups (`parquet`), JSON Lines and CSV by their rows in two passes (`records`). Either
 //! way a job holds every id and its own rows' texts, counted against
-//! `--max-dataset-bytes` before or as they are read.
+//! `--max-dataset-bytes` before or as they are read, in the memory every job of the
+//! worker shares (`memory`).
 
 use std::{io::Read, ops::Range};
 
@@ -12,42 +13,82 @@ use object_store::{
 };
 
 use super::{
+    memory::{Claim, DatasetMemory},
     parquet, records,
     storage::{storage_error, Location},
     table::{Columns, Format, Span, Table},
 };
 use crate::{input::quote_uri, ActivityError};
 
-/// What to read, and the most bytes one activity may hold of it.
+/// What to read, and the worker's memory it is read into.
 pub(crate) struct Source<'a> {
     pub at: &'a Location,
     pub uri: &'a str,
     pub format: Format,
     pub id_column: &'a str,
     pub text_column: &'a str,
-    pub max_bytes: u64,
+    pub memory: &'a DatasetMemory,
 }
 
 /// Reads the ids of `source` and the texts of the span `span_of(rows in the file)` gives,
-/// off the async runtime.
+/// off the async runtime. The table comes with the job's claim on the worker's dataset
+/// memory, which the job keeps as long as it keeps the table. A job that finds the memory
+/// taken by other jobs gives back what it held, waits its turn, and reads again.
 pub(crate) async fn load(
     source: Source<'_>,
+    span_of: impl FnOnce(usize) -> Result<Span, ActivityError> + Clone + Send + 'static,
+) -> Result<(Table, Claim), ActivityError> {
+    let mut claim = Claim::new(source.memory);
+    loop {
+        let (read, back) = read_once(&source, span_of.clone(), claim).await;
+        claim = back;
+        match claim.short() {
+            Some(bytes) if read.is_err() => {
+                let (memory, since) = (source.memory, std::time::Instant::now());
+                tracing::info!(
+                    source = %source.uri,
+                    needs = bytes,
+                    held = memory.held(),
+                    limit = memory.bytes(),
+                    "waiting for memory other embed_dataset jobs hold (--max-dataset-bytes)"
+                );
+                claim.wait(bytes).await;
+                tracing::info!(
+                    source = %source.uri,
+                    secs = since.elapsed().as_secs_f64(),
+                    "dataset memory free; reading the source again"
+                );
+            }
+            _ => return read.map(|t| (t, claim)),
+        }
+    }
+}
+
+/// One read of `source`, counting what it holds in `claim`, which comes back with it.
+async fn read_once(
+    source: &Source<'_>,
     span_of: impl FnOnce(usize) -> Result<Span, ActivityError> + Send + 'static,
-) -> Result<Table, ActivityError> {
+    mut claim: Claim,
+) -> (Result<Table, ActivityError>, Claim) {
     let (store, path) = (source.at.store.clone(), source.at.path.clone());
     let (uri, id, text) = (
         source.uri.to_owned(),
         source.id_column.to_owned(),
         source.text_column.to_owned(),
     );
-    let (format, max) = (source.format, source.max_bytes);
-    let joined =
-        |e: tokio::task::JoinError| ActivityError::Internal(format!("reading the dataset: {e}"));
+    let format = source.format;
+    // A read that panicked gives back its claim as it unwinds.
+    let joined = |e: tokio::task::JoinError| {
+        (
+            Err(ActivityError::Internal(format!("reading the dataset: {e}"))),
+            Claim::new(source.memory),
+        )
+    };
     if format == Format::Parquet {
-        let meta = store
-            .head(&path)
-            .await
-            .map_err(|e| storage_error(&uri, e))?;
+        let meta = match store.head(&path).await {
+            Ok(meta) => meta,
+            Err(e) => return (Err(storage_error(&uri, e)), claim),
+        };
         let size = meta.size;
         let rt = tokio::runtime::Handle::current();
         return tokio::task::spawn_blocking(move || {
@@ -71,20 +112,25 @@ pub(crate) async fn load(
                 rt.block_on(coalesce_ranges(ranges, one, OBJECT_STORE_COALESCE_DEFAULT))
                     .map_err(|e| storage_error(&uri, e))
             };
-            let read = parquet::read(&fetch, size, &cols, max, span_of)?;
-            tracing::debug!(
-                source = %uri,
-                size,
-                fetched = read.fetched,
-                rows = read.table.texts.len(),
-                "read the job's rows of a Parquet source"
-            );
-            Ok(read.table)
+            let read = parquet::read(&fetch, size, &cols, &mut claim, span_of).map(|read| {
+                tracing::debug!(
+                    source = %uri,
+                    size,
+                    fetched = read.fetched,
+                    rows = read.table.texts.len(),
+                    "read the job's rows of a Parquet source"
+                );
+                read.table
+            });
+            (read, claim)
         })
         .await
-        .map_err(joined)?;
+        .unwrap_or_else(joined);
     }
-    let got = store.get(&path).await.map_err(|e| storage_error(&uri, e))?;
+    let got = match store.get(&path).await {
+        Ok(got) => got,
+        Err(e) => return (Err(storage_error(&uri, e)), claim),
+    };
     let meta = got.meta.clone();
     let size = meta.size;
     let rt = tokio::runtime::Handle::current();
@@ -115,15 +161,24 @@ pub(crate) async fn load(
             rt.block_on(async { store.get_opts(&path, options).await?.bytes().await })
                 .map_err(|e| storage_error(&uri, e))
         };
-        let read = records::read(&mut whole, &fetch_range, size, format, &cols, max, span_of);
+        let read = records::read(
+            &mut whole,
+            &fetch_range,
+            size,
+            format,
+            &cols,
+            &mut claim,
+            span_of,
+        );
         // A parse error that came from storage failing mid-stream is storage's.
-        match whole.failed.take() {
+        let read = match whole.failed.take() {
             Some(e) => Err(e),
             None => read,
-        }
+        };
+        (read, claim)
     })
     .await
-    .map_err(joined)?
+    .unwrap_or_else(joined)
 }
 
 /// Reads `range` of the object `meta` describes, and only of that version: another fails
@@ -236,7 +291,8 @@ mod tests {
                 })
             };
             let fetch = |_: Range<u64>| unreachable!("the first pass fails");
-            let read = records::read(&mut whole, &fetch, 100, Format::Csv, &cols, u64::MAX, all);
+            let mut claim = Claim::new(&DatasetMemory::new(u64::MAX));
+            let read = records::read(&mut whole, &fetch, 100, Format::Csv, &cols, &mut claim, all);
             assert!(read.is_err());
             whole.failed.take()
         }));
@@ -245,6 +301,50 @@ mod tests {
             matches!(&e, ActivityError::StorageUnavailable(m) if m.contains("connection reset")),
             "{e:?}"
         );
+    }
+
+    /// `bytes` as `name` in a local store at `dir`.
+    fn local(dir: &std::path::Path, name: &str, bytes: &[u8]) -> Location {
+        std::fs::write(dir.join(name), bytes).unwrap();
+        Location {
+            store: std::sync::Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(dir).unwrap(),
+            ),
+            path: name.into(),
+        }
+    }
+
+    fn all(n: usize) -> Result<Span, ActivityError> {
+        Ok(Span {
+            start: 0,
+            end: n,
+            whole: true,
+        })
+    }
+
+    async fn read_in(
+        at: &Location,
+        format: Format,
+        memory: &DatasetMemory,
+        span_of: impl FnOnce(usize) -> Result<Span, ActivityError> + Clone + Send + 'static,
+    ) -> Result<(Table, Claim), ActivityError> {
+        let source = Source {
+            at,
+            uri: "file:///d/x",
+            format,
+            id_column: "id",
+            text_column: "text",
+            memory,
+        };
+        load(source, span_of).await
+    }
+
+    /// JSON Lines of `n` rows.
+    fn lines(n: usize, tag: &str) -> Vec<u8> {
+        (0..n)
+            .map(|i| format!("{{\"id\":{i},\"text\":\"{tag} {i}\"}}\n"))
+            .collect::<String>()
+            .into_bytes()
     }
 
     /// Reads `name` from a local store, replacing it with `after` once its ids are read
@@ -256,14 +356,8 @@ mod tests {
         after: Option<Vec<u8>>,
     ) -> Result<Table, ActivityError> {
         let dir = tempfile::tempdir().unwrap();
+        let at = local(dir.path(), name, before);
         let file = dir.path().join(name);
-        std::fs::write(&file, before).unwrap();
-        let at = Location {
-            store: std::sync::Arc::new(
-                object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
-            ),
-            path: name.into(),
-        };
         let span_of = move |n| {
             if let Some(bytes) = after {
                 // As a writer would: a new file renamed over the old one.
@@ -271,33 +365,54 @@ mod tests {
                 std::fs::write(&fresh, bytes).unwrap();
                 std::fs::rename(&fresh, &file).unwrap();
             }
-            Ok(Span {
-                start: 0,
-                end: n,
-                whole: true,
-            })
+            all(n)
         };
-        let source = Source {
-            at: &at,
-            uri: "file:///d/x",
-            format,
-            id_column: "id",
-            text_column: "text",
-            max_bytes: u64::MAX,
-        };
-        load(source, span_of).await
+        let memory = DatasetMemory::new(u64::MAX);
+        read_in(&at, format, &memory, span_of).await.map(|(t, _)| t)
+    }
+
+    /// Jobs share the worker's dataset memory: one that finds it taken waits, and reads
+    /// once the other job ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_waits_for_the_memory_another_holds_then_reads() {
+        let cases = [
+            (
+                "d.parquet",
+                Format::Parquet,
+                parquet::tests::file(400, 100, None).to_vec(),
+            ),
+            ("d.jsonl", Format::JsonLines, lines(400, "a")),
+        ];
+        for (name, format, bytes) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let at = std::sync::Arc::new(local(dir.path(), name, &bytes));
+            // What one job holds, and room for one job but not two.
+            let unbounded = DatasetMemory::new(u64::MAX);
+            let (_, alone) = read_in(&at, format, &unbounded, all).await.unwrap();
+            let one = unbounded.held();
+            drop(alone);
+            let memory = DatasetMemory::new(one * 3 / 2);
+            let (first, held) = read_in(&at, format, &memory, all).await.unwrap();
+            assert_eq!(memory.held(), one, "{name}");
+            let second = {
+                let (at, memory) = (at.clone(), memory.clone());
+                tokio::spawn(async move { read_in(&at, format, &memory, all).await })
+            };
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert!(!second.is_finished(), "{name}: the second job did not wait");
+            drop(held);
+            let (table, claim) = second.await.unwrap().unwrap();
+            assert_eq!(table.texts, first.texts, "{name}");
+            assert_eq!(memory.held(), one, "{name}");
+            drop(claim);
+            assert_eq!(memory.held(), 0, "{name}");
+        }
     }
 
     /// A file replaced between the ids and the texts fails as retryable, in both readers:
     /// each fetch after the first is pinned to the version first seen.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_source_replaced_while_it_is_read_is_read_anew_by_a_retry() {
-        let lines = |n: usize, tag: &str| -> Vec<u8> {
-            (0..n)
-                .map(|i| format!("{{\"id\":{i},\"text\":\"{tag} {i}\"}}\n"))
-                .collect::<String>()
-                .into_bytes()
-        };
         let cases = [
             (
                 "d.parquet",

@@ -6,6 +6,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use arrow_array::ArrayRef;
 
+use super::memory::Claim;
 use crate::{
     input::{kind, quote, quote_uri},
     ActivityError,
@@ -204,16 +205,19 @@ pub(super) struct Held<'a> {
     pub cols: &'a Columns<'a>,
     /// The job's rows and the file's count, once known.
     span: Option<(Span, usize)>,
+    /// The job's share of the worker's dataset memory, whose limit binds one job too.
+    claim: &'a mut Claim,
     max_bytes: u64,
     bytes: u64,
 }
 
 impl<'a> Held<'a> {
-    pub(super) fn new(cols: &'a Columns<'a>, max_bytes: u64) -> Self {
+    pub(super) fn new(cols: &'a Columns<'a>, claim: &'a mut Claim) -> Self {
         Self {
             cols,
             span: None,
-            max_bytes,
+            max_bytes: claim.limit(),
+            claim,
             bytes: 0,
         }
     }
@@ -244,7 +248,20 @@ impl<'a> Held<'a> {
         if self.bytes > self.max_bytes {
             return Err(self.over(&format!("at least {}", self.bytes)));
         }
-        Ok(())
+        self.reserve(self.bytes)
+    }
+
+    /// Claims `bytes` in all of the worker's dataset memory ahead of counting them, where
+    /// a reader knows what it will hold (so a job short of memory waits before it reads).
+    pub(super) fn reserve(&mut self, bytes: u64) -> Result<(), ActivityError> {
+        if self.claim.cover(bytes) {
+            return Ok(());
+        }
+        // `load` sees the claim short, waits its turn and reads again; this error only
+        // stops the read.
+        Err(ActivityError::Internal(
+            "the worker's other embed_dataset jobs hold its dataset memory".to_owned(),
+        ))
     }
 }
 

@@ -190,7 +190,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     let settings = Arc::new(Settings::from_args(&args)?);
     let models = Arc::new(resolve_models(&args.models, settings.model_queues).await?);
     let inv = inventory(&settings.devices)?;
-    let host = host(&settings.devices)?;
+    let host = host(&settings.devices, settings.max_dataset)?;
     let plans = plan(
         &settings.devices.host,
         inv.devices(),
