@@ -556,6 +556,11 @@ def test_f_a_parquet_source_over_the_limit_runs_in_shards_that_each_fit(temporal
     waits = g.log().count("waiting for memory other embed_dataset jobs hold")
     print(f"[f] shard reads that waited for another shard's memory: {waits}")
     assert waits >= 1, "the shards ran at once, each holding its own limit"
+    text = g.metrics()
+    assert metric_sum(text, "gpulane_dataset_memory_limit_bytes") == 100_000, series(text, "gpulane_dataset")
+    assert metric_sum(text, "gpulane_dataset_memory_wait_seconds_total", device="cpu") > 0, series(text, "gpulane_dataset")
+    # Every job ended, so none holds any.
+    assert metric_sum(text, "gpulane_dataset_memory_held_bytes") == 0, series(text, "gpulane_dataset")
 
 
 # --- g. the data roots hold --------------------------------------------------------------

@@ -85,6 +85,8 @@ impl PartOutcome {
 pub trait DatasetObserver: Send + Sync {
     /// A part of `rows` rows of `model`'s job ended as `outcome`.
     fn part(&self, model: &str, outcome: PartOutcome, rows: usize);
+    /// A job waited `secs` for the memory other jobs held of the worker's dataset memory.
+    fn memory_wait(&self, secs: f64);
 }
 
 /// Parses and checks an `embed_dataset` input. Checks a `serde_json::Value` by hand, as
@@ -267,6 +269,7 @@ pub(crate) async fn run(
         prompt_name: req.prompt_name.clone(),
     };
     let resolved = spec.resolve(engine)?;
+    let observer = svc.dataset_observer();
     let source = Source {
         at: &src,
         uri: &req.source,
@@ -274,6 +277,7 @@ pub(crate) async fn run(
         id_column: &req.id_column,
         text_column: &req.text_column,
         memory: svc.dataset_memory(),
+        observer: observer.as_deref(),
     };
     let span_req = req.clone();
     // The claim holds the job's share of the worker's dataset memory until the job ends,
@@ -330,7 +334,6 @@ pub(crate) async fn run(
             kept.insert(name);
         }
     }
-    let observer = svc.dataset_observer();
     if !kept.is_empty() {
         tracing::info!(
             skipped = kept.len(),

@@ -17,6 +17,7 @@ use super::{
     parquet, records,
     storage::{storage_error, Location},
     table::{Columns, Format, Span, Table},
+    DatasetObserver,
 };
 use crate::{input::quote_uri, ActivityError};
 
@@ -28,6 +29,8 @@ pub(crate) struct Source<'a> {
     pub id_column: &'a str,
     pub text_column: &'a str,
     pub memory: &'a DatasetMemory,
+    /// Hears how long the job waited for memory.
+    pub observer: Option<&'a dyn DatasetObserver>,
 }
 
 /// Reads the ids of `source` and the texts of the span `span_of(rows in the file)` gives,
@@ -53,9 +56,13 @@ pub(crate) async fn load(
                     "waiting for memory other embed_dataset jobs hold (--max-dataset-bytes)"
                 );
                 claim.wait(bytes).await;
+                let secs = since.elapsed().as_secs_f64();
+                if let Some(o) = source.observer {
+                    o.memory_wait(secs);
+                }
                 tracing::info!(
                     source = %source.uri,
-                    secs = since.elapsed().as_secs_f64(),
+                    secs,
                     "dataset memory free; reading the source again"
                 );
             }
@@ -335,6 +342,7 @@ mod tests {
             id_column: "id",
             text_column: "text",
             memory,
+            observer: None,
         };
         load(source, span_of).await
     }

@@ -10,9 +10,12 @@
 
 mod core;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
-use gpulane_activities::{DatasetObserver, PartOutcome};
+use gpulane_activities::{DatasetMemory, DatasetObserver, PartOutcome};
 use gpulane_models::BatchObserver;
 use gpulane_proto::activity;
 use prometheus::{
@@ -39,6 +42,13 @@ impl DatasetObserver for DatasetCounts {
                 .with_label_values(&[self.device.as_str(), model])
                 .inc_by(rows as u64);
         }
+    }
+
+    fn memory_wait(&self, secs: f64) {
+        self.metrics
+            .dataset_memory_wait
+            .with_label_values(&[self.device.as_str()])
+            .inc_by(secs);
     }
 }
 
@@ -108,6 +118,11 @@ pub(crate) struct Metrics {
     model_not_served: IntCounterVec,
     dataset_parts: IntCounterVec,
     dataset_rows: IntCounterVec,
+    dataset_memory_wait: prometheus::CounterVec,
+    dataset_memory_limit: prometheus::Gauge,
+    dataset_memory_held: prometheus::Gauge,
+    /// The worker's dataset memory, read when the metrics are rendered.
+    dataset_memory: OnceLock<DatasetMemory>,
     panics: IntCounterVec,
     ready: IntGauge,
 }
@@ -294,6 +309,20 @@ impl Default for Metrics {
                 "embed_dataset rows written to part files, per device and model.",
                 &engine,
             ),
+            dataset_memory_wait: float_counter(
+                "gpulane_dataset_memory_wait_seconds_total",
+                "Seconds embed_dataset jobs waited, per device, for the memory other jobs held of the worker's dataset memory (--max-dataset-bytes).",
+                &[DEVICE],
+            ),
+            dataset_memory_limit: plain_gauge(
+                "gpulane_dataset_memory_limit_bytes",
+                "What the worker's embed_dataset jobs may hold of their sources together (--max-dataset-bytes), bytes.",
+            ),
+            dataset_memory_held: plain_gauge(
+                "gpulane_dataset_memory_held_bytes",
+                "What the worker's embed_dataset jobs hold of their sources now (and waiting jobs have gathered), bytes.",
+            ),
+            dataset_memory: OnceLock::new(),
             model_not_served: counter(
                 "gpulane_model_not_served_total",
                 "Tasks on a shared queue naming a model this worker does not serve, handed back to Temporal for another worker.",
@@ -443,8 +472,18 @@ impl Metrics {
         self.ready.set(i64::from(ready));
     }
 
+    /// Reports the worker's dataset memory from now on.
+    pub(crate) fn watch_dataset_memory(&self, memory: DatasetMemory) {
+        self.dataset_memory_limit.set(memory.bytes() as f64);
+        // Set once at start; a second call would be a bug, and the first memory stays.
+        let _ = self.dataset_memory.set(memory);
+    }
+
     /// The Prometheus text exposition of gpulane's and sdk-core's metrics.
     pub(crate) fn render(&self) -> String {
+        if let Some(m) = self.dataset_memory.get() {
+            self.dataset_memory_held.set(m.held() as f64);
+        }
         let mut families = self.registry.gather();
         families.extend(self.core.gather());
         let mut out = Vec::new();

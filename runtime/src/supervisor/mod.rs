@@ -204,6 +204,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), RuntimeError> {
     }
     let (plans, broken) = check_cards(plans, &*inv);
     let metrics = Arc::new(Metrics::default());
+    metrics.watch_dataset_memory(host.datasets.clone());
     let health = Health::new(metrics.clone());
     // Bind before loading models: a taken port stops the worker at once, naming the flag.
     let http = bind("--metrics-address", settings.metrics_address)?;
