@@ -11,8 +11,13 @@ round: the worker's RSS once ready and warmed by one small `embed`, then one
 `embed_dataset` of rows [N/2, N/2 + --range) and the worker's VmHWM after it (reset
 through /proc/PID/clear_refs before the job, so the peak is the job's).
 
+With --jobs K, K jobs of --range rows each (consecutive ranges from N/2) start at once on
+the one worker, and the peak and time are the K jobs' together: since 53032bd the worker's
+jobs share --max-dataset-bytes (--limit), where before each held up to it alone.
+
     .venv/bin/python benches/dataset_memory.py --bin A --bin B [--rows 200000] \
-        [--chars 1000] [--range 64] [--rounds 2] [--format parquet|jsonl] [--json out.json]
+        [--chars 1000] [--range 64] [--rounds 2] [--format parquet|jsonl] [--jobs 1] \
+        [--limit BYTES] [--json out.json]
 """
 
 import argparse
@@ -84,12 +89,12 @@ def make(path: pathlib.Path, rows: int, chars: int):
     writer.close()
 
 
-async def one_round(client, address, tmp, binary, data_dir, request, wf_queue):
+async def one_round(client, address, tmp, binary, data_dir, requests, wf_queue, extra):
     log_path = f"{tmp}/gpulane-{uuid.uuid4().hex[:6]}.log"
     env = {**os.environ, "TEMPORAL_ADDRESS": address, "GPULANE_HOST": "mem",
            "GPULANE_METRICS_ADDRESS": "off", "GPULANE_ADMIN_ADDRESS": "off"}
     worker = subprocess.Popen(
-        [binary, "run", "--model", model_dir(), "--gpus", "none", "--data-root", f"file://{data_dir}/"],
+        [binary, "run", "--model", model_dir(), "--gpus", "none", "--data-root", f"file://{data_dir}/", *extra],
         stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env)
     try:
         while "gpulane ready" not in open(log_path).read():
@@ -103,12 +108,12 @@ async def one_round(client, address, tmp, binary, data_dir, request, wf_queue):
             f.write("5")
         before = hwm_mib(worker.pid)
         t0 = time.monotonic()
-        manifest = await client.execute_workflow(
+        manifests = await asyncio.gather(*(client.execute_workflow(
             MemDataset.run, {**request, "output": request["output"] + uuid.uuid4().hex[:8] + "/"},
-            id=f"mem-{uuid.uuid4()}", task_queue=wf_queue)
+            id=f"mem-{uuid.uuid4()}", task_queue=wf_queue) for request in requests))
         took = time.monotonic() - t0
         return {"rss_ready_mib": ready, "hwm_reset_mib": before, "hwm_mib": hwm_mib(worker.pid), "seconds": took,
-                "rows": manifest["rows"]}
+                "rows": sum(m["rows"] for m in manifests)}
     finally:
         worker.terminate()
         worker.wait(30)
@@ -124,8 +129,13 @@ async def main(args):
         print(f"file: {args.format}, {args.rows} rows of {args.chars} characters, {size} bytes stored",
               flush=True)
         start = args.rows // 2
-        request = {"source": f"file://{source}", "id_column": "id", "text_column": "text",
-                   "output": f"file://{data_dir}/out/", "rows": {"start": start, "end": start + args.range}}
+        requests = [{"source": f"file://{source}", "id_column": "id", "text_column": "text",
+                     "output": f"file://{data_dir}/out/",
+                     "rows": {"start": start + j * args.range, "end": start + (j + 1) * args.range}}
+                    for j in range(args.jobs)]
+        extra = ["--max-dataset-bytes", str(args.limit)] if args.limit else []
+        # A row of more characters than the default per-text limit is still one row.
+        extra += ["--max-text-chars", str(max(args.chars, 100_000))]
         wf_queue = f"mem-{uuid.uuid4().hex[:6]}"
         results = []
         # Unsandboxed: this module imports pyarrow, which the sandbox refuses to re-import.
@@ -133,12 +143,12 @@ async def main(args):
                           workflow_runner=UnsandboxedWorkflowRunner()):
             for r in range(args.rounds):
                 for binary in args.bin:
-                    got = await one_round(client, address, tmp, binary, data_dir, request, wf_queue)
+                    got = await one_round(client, address, tmp, binary, data_dir, requests, wf_queue, extra)
                     got.update(round=r, binary=binary)
                     print(json.dumps(got), flush=True)
                     results.append(got)
-        report = {"format": args.format, "rows": args.rows, "chars": args.chars, "range": args.range, "stored_bytes": size,
-                  "results": results}
+        report = {"format": args.format, "rows": args.rows, "chars": args.chars, "range": args.range, "jobs": args.jobs,
+                  "limit": args.limit, "stored_bytes": size, "results": results}
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
         print("\n| binary | round | RSS ready (MiB) | peak (MiB) | peak − ready | seconds |")
@@ -156,5 +166,7 @@ if __name__ == "__main__":
     p.add_argument("--range", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--format", choices=["parquet", "jsonl"], default="parquet")
+    p.add_argument("--jobs", type=int, default=1, help="jobs at once, over consecutive ranges")
+    p.add_argument("--limit", help="--max-dataset-bytes for the worker (its default if unset)")
     p.add_argument("--json")
     asyncio.run(main(p.parse_args()))
