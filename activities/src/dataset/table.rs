@@ -1,6 +1,7 @@
-//! Reading a dataset's id and text columns from Parquet, JSON Lines or CSV bytes. Every
-//! problem names the column, the row or the URI: a missing column, a null, a malformed
-//! file, a duplicate id.
+//! What the dataset readers (`parquet`, `records`) share: the formats, the table a job
+//! reads (every id, its own rows' texts), the bytes it holds against the limit (`Held`),
+//! and the messages that name the column, the row or the URI of a problem: a missing
+//! column, a null, a malformed file, a duplicate id.
 
 use std::{collections::HashMap, sync::Arc};
 
