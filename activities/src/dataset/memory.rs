@@ -3,13 +3,17 @@
 //! host memory, so the bound is one for the worker, not one per activity: several shards
 //! sent to one host at once would otherwise each take the limit.
 //!
-//! A job claims bytes as its reader counts them, without waiting: a reader on the
-//! blocking pool that waited while holding part of its source could deadlock with
+//! A reader counts what it holds as it reads, against the limit alone, and claims it
+//! from this memory where it knows the sum (`Held::reserve`), without waiting: a reader
+//! on the blocking pool that waited while holding part of its source could deadlock with
 //! another doing the same. When the memory is taken, the job gives back all it holds,
 //! waits (first come, first served: the first waiter gathers what is given back) until
-//! what it had reached is free, and reads again holding that much from the start. Only
-//! jobs that have finished reading hold memory without waiting for more, and they end,
-//! so every waiter gets its turn. A job alone over the limit is refused (`Held`).
+//! the sum it asked for is free, and reads again holding that much from the start, so a
+//! job reads its source again once, not once per claim. Only jobs that have finished
+//! reading hold memory without waiting for more, and they end, so every waiter gets its
+//! turn. A job alone over the limit is refused (`Held`). What a reader holds before it
+//! claims (a JSON Lines or CSV job's ids in its first pass, a Parquet footer) is bounded
+//! by the limit alone.
 
 use std::sync::Arc;
 

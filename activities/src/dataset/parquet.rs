@@ -234,6 +234,9 @@ pub(crate) fn read(
             texts.len()
         )));
     }
+    // A footer can understate what the values take: what was counted past the estimate is
+    // claimed now.
+    held.settle()?;
     Ok(Read {
         table: Table { ids, texts, span },
         fetched: f.fetched,

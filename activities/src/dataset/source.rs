@@ -417,6 +417,73 @@ mod tests {
         }
     }
 
+    /// Counts the waits for memory, each of which is a read again.
+    #[derive(Default)]
+    struct Waits(std::sync::atomic::AtomicUsize);
+
+    impl DatasetObserver for Waits {
+        fn part(&self, _: &str, _: super::super::PartOutcome, _: usize) {}
+        fn memory_wait(&self, _: f64) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// Two jobs that cannot hold their sources at once, started together: one waits for
+    /// the other, and each reads its source again at most once (claims that could fail
+    /// while the other waited once made them take turns re-reading, a KiB further each
+    /// time).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_short_of_memory_read_their_source_again_once() {
+        for (name, format, bytes) in [
+            ("d.jsonl", Format::JsonLines, lines(40_000, "a")),
+            (
+                "d.parquet",
+                Format::Parquet,
+                parquet::tests::file(40_000, 5000, None).to_vec(),
+            ),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let at = std::sync::Arc::new(local(dir.path(), name, &bytes));
+            let unbounded = DatasetMemory::new(u64::MAX);
+            // A few rows of a long file: the ids are most of what a job holds, and both
+            // jobs count theirs at once in the first pass.
+            let few = |n: usize| {
+                Ok(Span {
+                    start: 0,
+                    end: n.min(10),
+                    whole: false,
+                })
+            };
+            let (_, alone) = read_in(&at, format, &unbounded, few).await.unwrap();
+            let one = unbounded.held();
+            drop(alone);
+            let memory = DatasetMemory::new(one * 5 / 4);
+            let waits = std::sync::Arc::new(Waits::default());
+            let job = || {
+                let (at, memory, waits) = (at.clone(), memory.clone(), waits.clone());
+                tokio::spawn(async move {
+                    let source = Source {
+                        at: &at,
+                        uri: "file:///d/x",
+                        format,
+                        id_column: "id",
+                        text_column: "text",
+                        memory: &memory,
+                        observer: Some(&*waits),
+                    };
+                    // The job ends, and gives back its memory, as soon as it has read.
+                    load(source, few).await.map(|(t, _)| t.texts.len())
+                })
+            };
+            let (a, b) = (job(), job());
+            assert_eq!(a.await.unwrap().unwrap(), 10, "{name}");
+            assert_eq!(b.await.unwrap().unwrap(), 10, "{name}");
+            let waits = waits.0.load(std::sync::atomic::Ordering::SeqCst);
+            assert!(waits <= 2, "{name}: {waits} reads again for two jobs");
+            assert_eq!(memory.held(), 0, "{name}");
+        }
+    }
+
     /// A file replaced between the ids and the texts fails as retryable, in both readers:
     /// each fetch after the first is pinned to the version first seen.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -249,11 +249,15 @@ impl<'a> Held<'a> {
         if self.bytes > self.max_bytes {
             return Err(self.over(&format!("at least {}", self.bytes)));
         }
-        self.reserve(self.bytes)
+        Ok(())
     }
 
-    /// Claims `bytes` in all of the worker's dataset memory ahead of counting them, where
-    /// a reader knows what it will hold (so a job short of memory waits before it reads).
+    /// Claims `bytes` in all of the worker's dataset memory. A reader claims where it
+    /// knows what it holds or will hold (Parquet from its footer, before any data; JSON
+    /// Lines and CSV after the first pass, before the rows' bytes are fetched; both at the
+    /// end), not value by value: a job short of memory reads its source again, and claims
+    /// that each could fail while another job waits would make two jobs take turns
+    /// re-reading, a KiB further each time.
     pub(super) fn reserve(&mut self, bytes: u64) -> Result<(), ActivityError> {
         if self.claim.cover(bytes) {
             return Ok(());
@@ -263,6 +267,11 @@ impl<'a> Held<'a> {
         Err(ActivityError::Internal(
             "the worker's other embed_dataset jobs hold its dataset memory".to_owned(),
         ))
+    }
+
+    /// Claims what has been counted.
+    pub(super) fn settle(&mut self) -> Result<(), ActivityError> {
+        self.reserve(self.bytes)
     }
 }
 
