@@ -274,7 +274,7 @@ pub(crate) fn storage_error(uri: &str, e: object_store::Error) -> ActivityError 
             ActivityError::InvalidInput(format!("{} does not exist; check the URI", quote_uri(uri)))
         }
         // The object is not the version the read began on: it was replaced part-way.
-        object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
+        object_store::Error::Precondition { .. } => {
             changed(uri, "storage no longer holds the version first read")
         }
         other => ActivityError::StorageUnavailable(format!("{}: {other}", quote_uri(uri))),
