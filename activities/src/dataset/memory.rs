@@ -23,6 +23,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Clone)]
 pub struct DatasetMemory {
     bytes: u64,
+    /// `bytes` in KiB, as the semaphore was made with.
+    permits: usize,
     /// One permit a KiB: tokio counts permits in `u32` per claim and `usize` in all.
     kib: Arc<Semaphore>,
 }
@@ -48,6 +50,7 @@ impl DatasetMemory {
         let permits = (kib(bytes) as usize).min(Semaphore::MAX_PERMITS);
         Self {
             bytes,
+            permits,
             kib: Arc::new(Semaphore::new(permits)),
         }
     }
@@ -59,8 +62,7 @@ impl DatasetMemory {
 
     /// What the worker's jobs hold now, in bytes (to the KiB).
     pub fn held(&self) -> u64 {
-        let all = (kib(self.bytes) as usize).min(Semaphore::MAX_PERMITS);
-        all.saturating_sub(self.kib.available_permits()) as u64 * 1024
+        self.permits.saturating_sub(self.kib.available_permits()) as u64 * 1024
     }
 }
 

@@ -9,7 +9,8 @@ use std::{io::Read, ops::Range};
 use bytes::{Buf, Bytes};
 use futures::{stream::BoxStream, StreamExt};
 use object_store::{
-    coalesce_ranges, GetOptions, GetResultPayload, ObjectMeta, OBJECT_STORE_COALESCE_DEFAULT,
+    coalesce_ranges, path::Path, GetOptions, GetResultPayload, ObjectMeta, ObjectStore,
+    OBJECT_STORE_COALESCE_DEFAULT,
 };
 
 use super::{
@@ -109,11 +110,7 @@ async fn read_once(
             // instead of decoding one file's offsets against another's bytes. Near ranges
             // are merged into one request, as `get_ranges` would.
             let fetch = |ranges: &[Range<u64>]| {
-                let one = |r: Range<u64>| {
-                    let options = pinned(&meta, r);
-                    let (store, path) = (&store, &path);
-                    async move { store.get_opts(path, options).await?.bytes().await }
-                };
+                let one = |r| get_pinned(&*store, &path, &meta, r);
                 // On the blocking pool, so waiting here for the store holds no runtime
                 // thread.
                 rt.block_on(coalesce_ranges(ranges, one, OBJECT_STORE_COALESCE_DEFAULT))
@@ -164,8 +161,7 @@ async fn read_once(
         // The rows' bytes of the version the first pass read (a replaced file fails the
         // precondition, which is retryable).
         let fetch_range = |r: Range<u64>| {
-            let options = pinned(&meta, r);
-            rt.block_on(async { store.get_opts(&path, options).await?.bytes().await })
+            rt.block_on(get_pinned(&*store, &path, &meta, r))
                 .map_err(|e| storage_error(&uri, e))
         };
         let read = records::read(
@@ -188,10 +184,15 @@ async fn read_once(
     .unwrap_or_else(joined)
 }
 
-/// Reads `range` of the object `meta` describes, and only of that version: another fails
+/// Gets `range` of the object `meta` describes, and only of that version: another fails
 /// with a precondition error.
-fn pinned(meta: &ObjectMeta, range: Range<u64>) -> GetOptions {
-    GetOptions {
+async fn get_pinned(
+    store: &dyn ObjectStore,
+    path: &Path,
+    meta: &ObjectMeta,
+    range: Range<u64>,
+) -> object_store::Result<Bytes> {
+    let options = GetOptions {
         range: Some(range.into()),
         if_match: meta.e_tag.clone(),
         // The e_tag pins the content; a version is asked for only without one, since
@@ -199,7 +200,8 @@ fn pinned(meta: &ObjectMeta, range: Range<u64>) -> GetOptions {
         // may not have.
         version: meta.version.clone().filter(|_| meta.e_tag.is_none()),
         ..Default::default()
-    }
+    };
+    store.get_opts(path, options).await?.bytes().await
 }
 
 /// A stored object's body.
@@ -333,6 +335,7 @@ mod tests {
         at: &Location,
         format: Format,
         memory: &DatasetMemory,
+        observer: Option<&dyn DatasetObserver>,
         span_of: impl FnOnce(usize) -> Result<Span, ActivityError> + Clone + Send + 'static,
     ) -> Result<(Table, Claim), ActivityError> {
         let source = Source {
@@ -342,7 +345,7 @@ mod tests {
             id_column: "id",
             text_column: "text",
             memory,
-            observer: None,
+            observer,
         };
         load(source, span_of).await
     }
@@ -376,7 +379,9 @@ mod tests {
             all(n)
         };
         let memory = DatasetMemory::new(u64::MAX);
-        read_in(&at, format, &memory, span_of).await.map(|(t, _)| t)
+        read_in(&at, format, &memory, None, span_of)
+            .await
+            .map(|(t, _)| t)
     }
 
     /// Jobs share the worker's dataset memory: one that finds it taken waits, and reads
@@ -396,15 +401,15 @@ mod tests {
             let at = std::sync::Arc::new(local(dir.path(), name, &bytes));
             // What one job holds, and room for one job but not two.
             let unbounded = DatasetMemory::new(u64::MAX);
-            let (_, alone) = read_in(&at, format, &unbounded, all).await.unwrap();
+            let (_, alone) = read_in(&at, format, &unbounded, None, all).await.unwrap();
             let one = unbounded.held();
             drop(alone);
             let memory = DatasetMemory::new(one * 3 / 2);
-            let (first, held) = read_in(&at, format, &memory, all).await.unwrap();
+            let (first, held) = read_in(&at, format, &memory, None, all).await.unwrap();
             assert_eq!(memory.held(), one, "{name}");
             let second = {
                 let (at, memory) = (at.clone(), memory.clone());
-                tokio::spawn(async move { read_in(&at, format, &memory, all).await })
+                tokio::spawn(async move { read_in(&at, format, &memory, None, all).await })
             };
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
             assert!(!second.is_finished(), "{name}: the second job did not wait");
@@ -454,7 +459,7 @@ mod tests {
                     whole: false,
                 })
             };
-            let (_, alone) = read_in(&at, format, &unbounded, few).await.unwrap();
+            let (_, alone) = read_in(&at, format, &unbounded, None, few).await.unwrap();
             let one = unbounded.held();
             drop(alone);
             let memory = DatasetMemory::new(one * 5 / 4);
@@ -462,17 +467,10 @@ mod tests {
             let job = || {
                 let (at, memory, waits) = (at.clone(), memory.clone(), waits.clone());
                 tokio::spawn(async move {
-                    let source = Source {
-                        at: &at,
-                        uri: "file:///d/x",
-                        format,
-                        id_column: "id",
-                        text_column: "text",
-                        memory: &memory,
-                        observer: Some(&*waits),
-                    };
                     // The job ends, and gives back its memory, as soon as it has read.
-                    load(source, few).await.map(|(t, _)| t.texts.len())
+                    read_in(&at, format, &memory, Some(&*waits), few)
+                        .await
+                        .map(|(t, _)| t.texts.len())
                 })
             };
             let (a, b) = (job(), job());

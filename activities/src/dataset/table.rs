@@ -208,7 +208,6 @@ pub(super) struct Held<'a> {
     span: Option<(Span, usize)>,
     /// The job's share of the worker's dataset memory, whose limit binds one job too.
     claim: &'a mut Claim,
-    max_bytes: u64,
     bytes: u64,
 }
 
@@ -217,7 +216,6 @@ impl<'a> Held<'a> {
         Self {
             cols,
             span: None,
-            max_bytes: claim.limit(),
             claim,
             bytes: 0,
         }
@@ -240,13 +238,13 @@ impl<'a> Held<'a> {
         ActivityError::InvalidInput(format!(
             "field \"source\" is {}: {what}, over the limit of {} bytes for what one embed_dataset activity holds in memory (--max-dataset-bytes, 1/8 of the host's memory by default): run the job in more shards (each reads only its own rows' texts), or raise the limit on a host with the memory",
             quote_uri(self.cols.uri),
-            self.max_bytes,
+            self.claim.limit(),
         ))
     }
 
     pub(super) fn add(&mut self, bytes: u64) -> Result<(), ActivityError> {
         self.bytes = self.bytes.saturating_add(bytes);
-        if self.bytes > self.max_bytes {
+        if self.bytes > self.claim.limit() {
             return Err(self.over(&format!("at least {}", self.bytes)));
         }
         Ok(())
