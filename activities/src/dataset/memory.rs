@@ -9,7 +9,8 @@
 //! another doing the same. When the memory is taken, the job gives back all it holds,
 //! waits (first come, first served: the first waiter gathers what is given back) until
 //! the sum it asked for is free, and reads again holding that much from the start, so a
-//! job reads its source again once, not once per claim. Only jobs that have finished
+//! job reads its source again once per wait, not once per claim (a second wait comes only
+//! where a Parquet footer understated what the values take, claimed at the end). Only jobs that have finished
 //! reading hold memory without waiting for more, and they end, so every waiter gets its
 //! turn. A job alone over the limit is refused (`Held`). What a reader holds before it
 //! claims (a JSON Lines or CSV job's ids in its first pass, a Parquet footer) is bounded
