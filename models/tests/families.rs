@@ -200,3 +200,24 @@ fn pytorch_model_bin_is_refused_at_load() {
         Err(ModelError::Unsupported { .. })
     ));
 }
+
+#[test]
+fn zz_probe_zero_token_rows() {
+    for name in ["tiny-qwen3-last", "tiny-modernbert-mean", "tiny-mpnet-mean"] {
+        let tmp = copy_fixture(name);
+        let p = tmp.path().join("tokenizer.json");
+        let mut t: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        t["post_processor"] = serde_json::Value::Null;
+        std::fs::write(&p, t.to_string()).unwrap();
+        let m = Embedder::load(tmp.path(), &candle_core::Device::Cpu, candle_core::DType::F32)
+            .unwrap();
+        for texts in [vec!["".to_string(), "hello there".to_string()], vec!["".to_string()], vec!["hello there".to_string(), "".to_string()]] {
+            let r = m.embed(&texts, EmbedOptions { prompt: Some(String::new()), ..Default::default() });
+            match r {
+                Ok(e) => eprintln!("PROBE {name} {texts:?}: ok {:?}", e.vectors.iter().map(|v| v[..3].to_vec()).collect::<Vec<_>>()),
+                Err(e) => eprintln!("PROBE {name} {texts:?}: err {e}"),
+            }
+        }
+    }
+}

@@ -521,8 +521,10 @@ def test_f_a_parquet_source_over_the_limit_runs_in_shards_that_each_fit(temporal
     """A Parquet shard reads its own rows' texts (and every id), so the limit bounds a
     shard, not the file; and it counts the texts decoded, not the file's compressed size."""
     root = Local(tmp_path / "root")
+    # The host's memory is declared so that the CPU lane admits several shards at once
+    # whatever this machine has free: the turns asserted below need two jobs to meet.
     g = gpulane("--model", str(minilm_dir()), "--gpus", "none", "--data-root", root.root_uri,
-                "--max-dataset-bytes", "100000")
+                "--max-dataset-bytes", "100000", "--simulated-host-memory", "8GiB")
     n, shards = 400, 8
     ids = make_ids(n)
     rows = [f"passage {i}: " + "the lane keeps its cards busy " * 34 for i in range(n)]
