@@ -74,6 +74,7 @@ fn model_message(e: &ModelError) -> String {
         ModelError::TextTooLong { .. } => {
             format!("{e}: set \"truncate\" to true (the default) to cut it, or shorten the text")
         }
+        ModelError::NoTokens { .. } => format!("{e}; send a text that is not empty"),
         ModelError::NonFiniteOutput { precision: "f16", .. } => format!(
             "{e}; serve this model in f32 (dtype = \"f32\" in the models file) or send the call to cpu-tools"
         ),
@@ -138,6 +139,13 @@ impl ActivityError {
                 tokens,
                 limit,
             }),
+            ActivityError::Model(ModelError::NoTokens { index, needs, .. }) => {
+                ActivityError::Model(ModelError::NoTokens {
+                    field: "source rows",
+                    index: first + index,
+                    needs,
+                })
+            }
             ActivityError::Model(ModelError::NonFiniteOutput {
                 index,
                 precision,
@@ -175,7 +183,9 @@ impl ActivityError {
             // The tokenizer fails the same way on the same text: it is the input that
             // this model cannot take, not a failure a retry can mend (`ModelFailure` is
             // retried).
-            ActivityError::Model(ModelError::Tokenizer(_)) => failure::INVALID_INPUT,
+            ActivityError::Model(ModelError::Tokenizer(_) | ModelError::NoTokens { .. }) => {
+                failure::INVALID_INPUT
+            }
             ActivityError::Model(_) => failure::MODEL_FAILURE,
         }
     }
@@ -288,6 +298,19 @@ mod tests {
         );
         let nan = non_finite("f32").counted_from(128).to_string();
         assert!(nan.contains("source rows[130]"), "{nan}");
+        let empty = ActivityError::Model(ModelError::NoTokens {
+            field: "texts",
+            index: 1,
+            needs: "the model's pooling",
+        })
+        .counted_from(128);
+        assert!(!empty.is_retryable());
+        assert_eq!(empty.failure_type(), failure::INVALID_INPUT);
+        let empty = empty.to_string();
+        assert!(
+            empty.contains("source rows[129]") && empty.contains("not empty"),
+            "{empty}"
+        );
         let other = ActivityError::Internal("x".into()).counted_from(128);
         assert!(matches!(other, ActivityError::Internal(_)));
     }

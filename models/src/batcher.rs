@@ -63,6 +63,24 @@ impl Row {
     }
 }
 
+/// Refuses a call with a row of no tokens ([`ModelError::NoTokens`]): a packed batch has
+/// no token of its own to pool for it. Only a tokenizer that adds no special tokens, on an
+/// empty text, gives one.
+pub(crate) fn refuse_empty(
+    rows: &[Row],
+    field: &'static str,
+    needs: &'static str,
+) -> Result<(), ModelError> {
+    match rows.iter().position(|r| r.ids.is_empty()) {
+        Some(index) => Err(ModelError::NoTokens {
+            field,
+            index,
+            needs,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// A model the batcher can drive: one output vector per row, in the order given. Rows
 /// arrive sorted by length, shortest first.
 pub(crate) trait Forward {

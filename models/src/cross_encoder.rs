@@ -10,7 +10,7 @@ use candle_nn::{linear, linear_b, Linear, VarBuilder};
 use tokenizers::Tokenizer;
 
 use crate::{
-    batcher::{run_now, BatchLimits, Forward, Row},
+    batcher::{refuse_empty, run_now, BatchLimits, Forward, Row},
     config::{Arch, ModernBertConfig},
     encoder::{Act, Attention, Encoder, Norm},
     model_dir::{truncate_at, ModelDir, ModelIdentity},
@@ -202,14 +202,16 @@ impl CrossEncoder {
             .tokenizer
             .encode_batch(pairs, true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
-        Ok(enc
+        let rows: Vec<Row> = enc
             .into_iter()
             .map(|e| Row {
                 ids: e.get_ids().to_vec(),
                 types: e.get_type_ids().to_vec(),
                 skip: 0,
             })
-            .collect())
+            .collect();
+        refuse_empty(&rows, "documents", "the reranker's classifier")?;
+        Ok(rows)
     }
 
     /// The default batch budget for this model (the engine may set another row count).

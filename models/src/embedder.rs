@@ -8,7 +8,7 @@ use candle_nn::VarBuilder;
 use tokenizers::Tokenizer;
 
 use crate::{
-    batcher::{run_now, BatchLimits, Forward, Row},
+    batcher::{refuse_empty, run_now, BatchLimits, Forward, Row},
     encoder::{Attention, Encoder, Route},
     model_dir::truncate_at,
     pooling::l2_normalize,
@@ -228,6 +228,7 @@ impl Embedder {
             .into_iter()
             .map(|e| Row::single(e.get_ids().to_vec()).skipping(skip))
             .collect();
+        refuse_empty(&rows, "texts", "the model's pooling")?;
         let limit = self.info.max_seq_length;
         if let Some((index, t)) = rows.iter().enumerate().find(|(_, t)| t.len() > limit) {
             return Err(ModelError::TextTooLong {

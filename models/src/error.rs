@@ -47,6 +47,18 @@ pub enum ModelError {
         /// The model's maximum sequence length.
         limit: usize,
     },
+    /// A text tokenized to no tokens at all: the model's tokenizer adds no special tokens,
+    /// and the text (or the pair) is empty. Not retryable: no pooling has a token to read
+    /// (CLS and last-token pooling would take a neighbour's token, mean a zero vector).
+    #[error("{field}[{index}] has no tokens: this model's tokenizer adds no special tokens, so an empty text leaves {needs} nothing to read")]
+    NoTokens {
+        /// Where the text came from (`texts`, `documents`; `source rows` for a dataset).
+        field: &'static str,
+        /// Its position there.
+        index: usize,
+        /// What needed a token (`the model's pooling`, `the reranker's classifier`).
+        needs: &'static str,
+    },
     /// The tensor library failed (shape bug, device error, out of memory). Retryable: device
     /// errors are often transient, and a shape bug shows up in tests, not in production.
     #[error("candle: {0}")]

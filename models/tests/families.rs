@@ -201,23 +201,79 @@ fn pytorch_model_bin_is_refused_at_load() {
     ));
 }
 
+/// A copy of fixture `name` whose tokenizer adds no special tokens, so "" has no tokens.
+fn without_special_tokens(name: &str) -> tempfile::TempDir {
+    let tmp = copy_fixture(name);
+    let path = tmp.path().join("tokenizer.json");
+    let mut t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    t["post_processor"] = serde_json::Value::Null;
+    std::fs::write(&path, t.to_string()).unwrap();
+    tmp
+}
+
+/// A text with no tokens is refused, naming it, whatever the pooling: last-token pooling
+/// took its neighbour's first token (and failed alone), and mean pooling gave zeros.
 #[test]
-fn zz_probe_zero_token_rows() {
-    for name in ["tiny-qwen3-last", "tiny-modernbert-mean", "tiny-mpnet-mean"] {
-        let tmp = copy_fixture(name);
-        let p = tmp.path().join("tokenizer.json");
-        let mut t: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-        t["post_processor"] = serde_json::Value::Null;
-        std::fs::write(&p, t.to_string()).unwrap();
-        let m = Embedder::load(tmp.path(), &candle_core::Device::Cpu, candle_core::DType::F32)
-            .unwrap();
-        for texts in [vec!["".to_string(), "hello there".to_string()], vec!["".to_string()], vec!["hello there".to_string(), "".to_string()]] {
-            let r = m.embed(&texts, EmbedOptions { prompt: Some(String::new()), ..Default::default() });
-            match r {
-                Ok(e) => eprintln!("PROBE {name} {texts:?}: ok {:?}", e.vectors.iter().map(|v| v[..3].to_vec()).collect::<Vec<_>>()),
-                Err(e) => eprintln!("PROBE {name} {texts:?}: err {e}"),
-            }
-        }
+fn a_text_of_no_tokens_is_refused_by_name() {
+    let no_prompt = || EmbedOptions {
+        prompt: Some(String::new()),
+        ..Default::default()
+    };
+    for name in [
+        "tiny-qwen3-last",
+        "tiny-modernbert-mean",
+        "tiny-distilbert-cls",
+    ] {
+        let tmp = without_special_tokens(name);
+        let model = Embedder::load(
+            tmp.path(),
+            &candle_core::Device::Cpu,
+            candle_core::DType::F32,
+        )
+        .unwrap();
+        let texts = ["hello there", "", "and more"].map(String::from);
+        let err = model.embed(&texts, no_prompt()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ModelError::NoTokens {
+                    field: "texts",
+                    index: 1,
+                    ..
+                }
+            ),
+            "{name}: {err}"
+        );
+        assert!(!err.is_retryable(), "{name}");
+        // The same tokenizer still embeds texts that have tokens.
+        let ok = model.embed(&[texts[0].clone()], no_prompt()).unwrap();
+        assert!(ok.vectors.len() == 1 && ok.token_counts[0] > 0, "{name}");
     }
+}
+
+/// A reranker's pair of empty texts has no token for its classifier either.
+#[test]
+fn a_reranker_pair_of_no_tokens_is_refused_by_name() {
+    let tmp = without_special_tokens("tiny-modernbert-reranker");
+    let model = gpulane_models::CrossEncoder::load(
+        tmp.path(),
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap();
+    let documents = ["a passage", ""].map(String::from);
+    assert_eq!(model.score("q", &documents).unwrap().logits.len(), 2);
+    let err = model.score("", &documents).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::NoTokens {
+                field: "documents",
+                index: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

@@ -180,7 +180,7 @@ impl Packed {
         let hidden = || self.hidden.to_dtype(DType::F32);
         Ok(match pooling {
             Pooling::Cls => self.first_tokens()?.to_dtype(DType::F32)?,
-            // Rows are never empty: every tokenizer here adds at least one special token.
+            // Rows are never empty: `refuse_empty` stops a call with a row of no tokens.
             Pooling::LastToken => self.pick(|s, l| s + l.max(1) - 1)?.to_dtype(DType::F32)?,
             Pooling::Mean | Pooling::MeanSqrtLen if kernels::cpu_f32(&self.hidden) => {
                 self.mean_on_cpu(pooling)?
