@@ -499,7 +499,7 @@ pub struct RunArgs {
     /// (e.g. 0.25). A job holds every id of the file and its own rows' texts (a shard reads
     /// no other texts), counted as read. A job that alone would pass it fails with
     /// InvalidInput before the texts are held; one that finds it held by other jobs waits
-    /// for them, then reads its source again.
+    /// for its turn, then reads its source again (jobs take turns one at a time).
     #[arg(long, env = "GPULANE_MAX_DATASET_BYTES", default_value = "0.125")]
     pub max_dataset_bytes: String,
 

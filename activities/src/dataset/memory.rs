@@ -3,22 +3,30 @@
 //! host memory, so the bound is one for the worker, not one per activity: several shards
 //! sent to one host at once would otherwise each take the limit.
 //!
-//! A reader counts what it holds as it reads, against the limit alone, and claims it
-//! from this memory where it knows the sum (`Held::reserve`), without waiting: a reader
-//! on the blocking pool that waited while holding part of its source could deadlock with
-//! another doing the same. When the memory is taken, the job gives back all it holds,
-//! waits (first come, first served: the first waiter gathers what is given back) until
-//! the sum it asked for is free, and reads again holding that much from the start, so a
-//! job reads its source again once per wait, not once per claim (a second wait comes only
-//! where a Parquet footer understated what the values take, claimed at the end). Only jobs that have finished
-//! reading hold memory without waiting for more, and they end, so every waiter gets its
-//! turn. A job alone over the limit is refused (`Held`). What a reader holds before it
-//! claims (a JSON Lines or CSV job's ids in its first pass, a Parquet footer) is bounded
-//! by the limit alone.
+//! A reader claims what it holds as it reads it (`Held::add`), a JSON Lines or CSV job's
+//! ids in its first pass included. A job alone over the limit is refused (`Held`).
+//! Otherwise a claim the memory cannot give at once goes one of two ways:
+//! - **Out of turn** (a job's first read), the claim fails at once: the job gives back
+//!   all it holds, waits for its turn, and reads its source again. Two readers that
+//!   waited while each held part of its source could wait on each other for ever.
+//! - **In its turn** (one job of the worker at a time), the claim waits for the memory.
+//!   That cannot deadlock: the others that hold memory either have read (they end, and
+//!   give it back) or read out of turn (they never wait while holding).
+//!
+//! So a job reads its source at most twice, and jobs take their turns first come, first
+//! served: a job that finds another waiting takes its turn behind it without a first
+//! read. What a reader holds beside its counted values (a Parquet footer, fetched
+//! compressed chunks, stream buffers) is not claimed.
 
-use std::sync::Arc;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::{
+    runtime::Handle,
+    sync::{watch, Mutex, OwnedMutexGuard, OwnedSemaphorePermit, Semaphore},
+};
 
 /// The worker's memory for datasets, shared by every device's activities.
 #[derive(Clone)]
@@ -28,6 +36,8 @@ pub struct DatasetMemory {
     permits: usize,
     /// One permit a KiB: tokio counts permits in `u32` per claim and `usize` in all.
     kib: Arc<Semaphore>,
+    /// The turn to read with claims that wait: one job at a time (tokio's mutex is fair).
+    turn: Arc<Mutex<()>>,
 }
 
 impl std::fmt::Debug for DatasetMemory {
@@ -53,6 +63,7 @@ impl DatasetMemory {
             bytes,
             permits,
             kib: Arc::new(Semaphore::new(permits)),
+            turn: Arc::new(Mutex::new(())),
         }
     }
 
@@ -76,6 +87,10 @@ pub(crate) struct Claim {
     kib: u32,
     /// Bytes the job had reached when the memory was taken, if it was.
     short: Option<u64>,
+    /// The job's turn, while it reads in it: then a claim waits for the memory.
+    turn: Option<Turn>,
+    /// How long claims waited for the memory in this turn.
+    waited: Duration,
 }
 
 impl Claim {
@@ -85,6 +100,8 @@ impl Claim {
             permit: None,
             kib: 0,
             short: None,
+            turn: None,
+            waited: Duration::ZERO,
         }
     }
 
@@ -93,32 +110,51 @@ impl Claim {
         self.memory.bytes
     }
 
-    /// Holds enough for `bytes` in all, without waiting. False when other jobs hold too
-    /// much: the caller stops reading, and [`Claim::wait`] waits for `bytes`.
+    /// Holds enough for `bytes` in all. Out of turn it never waits: false when other jobs
+    /// hold too much, and the caller stops reading. In its turn it waits for the memory,
+    /// blocking the thread (readers run on the blocking pool), and `bytes` must be within
+    /// the limit, or it would wait for ever.
     pub(super) fn cover(&mut self, bytes: u64) -> bool {
         let want = kib(bytes);
         if want <= self.kib {
             return true;
         }
-        match self
-            .memory
-            .kib
-            .clone()
-            .try_acquire_many_owned(want - self.kib)
-        {
-            Ok(more) => {
-                match &mut self.permit {
-                    Some(p) => p.merge(more),
-                    None => self.permit = Some(more),
+        let semaphore = self.memory.kib.clone();
+        let more = match semaphore.clone().try_acquire_many_owned(want - self.kib) {
+            Ok(more) => more,
+            Err(_) if self.turn.is_some() => {
+                let since = Instant::now();
+                let turn = self.turn.as_mut().expect("matched");
+                let got = turn.rt.block_on(async {
+                    tokio::select! {
+                        more = semaphore.acquire_many_owned(want - self.kib) => {
+                            Some(more.expect("the dataset memory's semaphore is never closed"))
+                        }
+                        // The job's activity ended (cancelled, timed out): stop waiting,
+                        // so the turn passes on now, not when the memory frees.
+                        _ = turn.gone.changed() => None,
+                    }
+                });
+                self.waited += since.elapsed();
+                match got {
+                    Some(more) => more,
+                    None => {
+                        self.short = Some(bytes);
+                        return false;
+                    }
                 }
-                self.kib = want;
-                true
             }
             Err(_) => {
                 self.short = Some(bytes);
-                false
+                return false;
             }
+        };
+        match &mut self.permit {
+            Some(p) => p.merge(more),
+            None => self.permit = Some(more),
         }
+        self.kib = want;
+        true
     }
 
     /// The bytes a read stopped at for want of memory, if it did.
@@ -126,21 +162,44 @@ impl Claim {
         self.short.take()
     }
 
-    /// Gives back all it holds, then waits in turn until `bytes` are free and holds them.
-    pub(crate) async fn wait(&mut self, bytes: u64) {
+    /// Whether another job holds the turn (it is waiting for memory, or reading in turn).
+    pub(crate) fn others_waiting(&self) -> bool {
+        self.memory.turn.try_lock().is_err()
+    }
+
+    /// Whether this job reads in its turn.
+    pub(crate) fn in_turn(&self) -> bool {
+        self.turn.is_some()
+    }
+
+    /// Gives back all it holds, then waits for the job's turn. The turn's claims stop
+    /// waiting once `gone` tells them the job has ended (its sender is dropped).
+    pub(crate) async fn take_turn(&mut self, gone: watch::Receiver<()>) {
         self.permit = None;
         self.kib = 0;
-        let want = kib(bytes);
-        let permit = self
-            .memory
-            .kib
-            .clone()
-            .acquire_many_owned(want)
-            .await
-            .expect("the dataset memory's semaphore is never closed");
-        self.permit = Some(permit);
-        self.kib = want;
+        self.short = None;
+        let guard = self.memory.turn.clone().lock_owned().await;
+        self.turn = Some(Turn {
+            _guard: guard,
+            rt: Handle::current(),
+            gone,
+        });
     }
+
+    /// Ends the job's turn, keeping what it holds; gives how long its claims waited.
+    pub(crate) fn end_turn(&mut self) -> Duration {
+        self.turn = None;
+        std::mem::take(&mut self.waited)
+    }
+}
+
+/// A job's turn to read with claims that wait.
+struct Turn {
+    _guard: OwnedMutexGuard<()>,
+    /// The runtime the claims wait on, from the blocking pool.
+    rt: Handle,
+    /// Changes (closes) when the job has ended.
+    gone: watch::Receiver<()>,
 }
 
 #[cfg(test)]
@@ -168,33 +227,88 @@ mod tests {
         assert_eq!(memory.held(), 0);
     }
 
-    /// A waiting job gives back what it held before it waits, so two jobs each short of
-    /// memory never wait on each other: one gets what the other gave back.
-    #[tokio::test]
-    async fn two_short_jobs_do_not_wait_on_each_other() {
+    /// In its turn a claim waits for what another job holds, then holds it; out of turn
+    /// the same claim fails at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn in_its_turn_a_claim_waits_for_the_memory() {
         let memory = DatasetMemory::new(10 * 1024);
-        let (mut a, mut b) = (Claim::new(&memory), Claim::new(&memory));
-        assert!(a.cover(5 * 1024));
-        assert!(b.cover(5 * 1024));
-        assert!(!a.cover(8 * 1024));
-        assert!(!b.cover(8 * 1024));
-        let wait = |mut c: Claim| {
-            tokio::spawn(async move {
-                c.wait(8 * 1024).await;
-                c
-            })
-        };
-        let (first, second) = (wait(a), wait(b));
-        let (done, other) = match futures::future::select(first, second).await {
-            futures::future::Either::Left((done, other))
-            | futures::future::Either::Right((done, other)) => (done.unwrap(), other),
-        };
-        assert_eq!(done.kib, 8);
-        assert!(!other.is_finished());
-        drop(done);
-        let other = other.await.unwrap();
-        assert_eq!(other.kib, 8);
-        drop(other);
+        let mut a = Claim::new(&memory);
+        assert!(a.cover(6 * 1024));
+        let mut b = Claim::new(&memory);
+        assert!(!b.cover(8 * 1024), "out of turn, a claim never waits");
+        assert!(!b.others_waiting());
+        let (_alive, gone) = watch::channel(());
+        b.take_turn(gone).await;
+        assert!(b.in_turn());
+        let b = tokio::task::spawn_blocking(move || {
+            assert!(b.cover(8 * 1024));
+            b
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!b.is_finished(), "the claim did not wait for the memory");
+        drop(a);
+        let mut b = b.await.unwrap();
+        assert_eq!(memory.held(), 8 * 1024);
+        assert!(b.end_turn() >= Duration::from_millis(150));
+        assert!(!b.in_turn());
+        drop(b);
         assert_eq!(memory.held(), 0);
+    }
+
+    /// One job reads in turn at a time, and taking a turn gives back what a job held, so
+    /// a job waiting for the turn holds nothing another waits for.
+    #[tokio::test]
+    async fn turns_come_one_at_a_time_and_waiting_for_one_holds_nothing() {
+        let memory = DatasetMemory::new(10 * 1024);
+        let (_alive, gone) = watch::channel(());
+        let mut a = Claim::new(&memory);
+        a.take_turn(gone.clone()).await;
+        let mut b = Claim::new(&memory);
+        assert!(b.cover(4 * 1024));
+        assert!(b.others_waiting());
+        let b = tokio::spawn(async move {
+            b.take_turn(gone).await;
+            b
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!b.is_finished(), "two jobs had the turn at once");
+        assert_eq!(
+            memory.held(),
+            0,
+            "the job waiting for its turn still held memory"
+        );
+        assert!(a.cover(10 * 1024), "the turn's claim got all the memory");
+        a.end_turn();
+        let mut b = b.await.unwrap();
+        assert!(b.in_turn());
+        b.end_turn();
+        drop(a);
+        assert_eq!(memory.held(), 0);
+    }
+
+    /// A job whose activity ends while its turn's claim waits stops waiting: the claim
+    /// fails, and once the job's read gives up its claim the turn passes on, without
+    /// waiting for the memory to free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_that_ends_while_it_waits_passes_the_turn_on() {
+        let memory = DatasetMemory::new(10 * 1024);
+        let mut a = Claim::new(&memory);
+        assert!(a.cover(6 * 1024));
+        let (alive, gone) = watch::channel(());
+        let mut b = Claim::new(&memory);
+        b.take_turn(gone).await;
+        let b = tokio::task::spawn_blocking(move || {
+            let covered = b.cover(8 * 1024);
+            (covered, b.short())
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!b.is_finished());
+        drop(alive);
+        assert_eq!(b.await.unwrap(), (false, Some(8 * 1024)));
+        let mut c = Claim::new(&memory);
+        assert!(!c.others_waiting(), "the ended job kept the turn");
+        assert_eq!(memory.held(), 6 * 1024);
+        drop(a);
+        assert!(c.cover(10 * 1024));
     }
 }

@@ -169,6 +169,8 @@ pub(crate) fn read(
     if need > max_bytes {
         return Err(held.over(&format!("about {need}")));
     }
+    // The footer's estimate is claimed before any data is fetched; values past it (a
+    // footer can understate them) are claimed as they are counted.
     held.reserve(need)?;
 
     let ids = read_ids(&mut f, &mut held, builder, &meta, id_at)?;
@@ -234,9 +236,6 @@ pub(crate) fn read(
             texts.len()
         )));
     }
-    // A footer can understate what the values take: what was counted past the estimate is
-    // claimed now.
-    held.settle()?;
     Ok(Read {
         table: Table { ids, texts, span },
         fetched: f.fetched,

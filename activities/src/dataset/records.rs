@@ -71,8 +71,6 @@ pub(crate) fn read(
                 .saturating_mul(2)
                 .saturating_add(rows * PER_ROW),
         )?;
-        // Every id and the rows to come, claimed at once (see `Held::reserve`).
-        held.settle()?;
         let part = fetch_range(bytes)?;
         let mut row = span.start;
         records(
@@ -105,8 +103,6 @@ pub(crate) fn read(
             texts.len()
         )));
     }
-    // The ids alone, where the job has no rows.
-    held.settle()?;
     Ok(Table { ids, texts, span })
 }
 

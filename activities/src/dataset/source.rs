@@ -37,39 +37,65 @@ pub(crate) struct Source<'a> {
 /// Reads the ids of `source` and the texts of the span `span_of(rows in the file)` gives,
 /// off the async runtime. The table comes with the job's claim on the worker's dataset
 /// memory, which the job keeps as long as it keeps the table. A job that finds the memory
-/// taken by other jobs gives back what it held, waits its turn, and reads again.
+/// taken by other jobs gives back what it held, waits for its turn, and reads again in
+/// it; one that finds another job waiting takes its turn behind it at once (`memory`).
 pub(crate) async fn load(
     source: Source<'_>,
     span_of: impl FnOnce(usize) -> Result<Span, ActivityError> + Clone + Send + 'static,
 ) -> Result<(Table, Claim), ActivityError> {
     let mut claim = Claim::new(source.memory);
+    // Dropped with this future when the activity ends early (cancelled, timed out), which
+    // tells a read waiting in its turn to stop waiting and pass the turn on.
+    let (_alive, gone) = tokio::sync::watch::channel(());
+    // How long the job waited for its turn, once it has.
+    let mut waiting = None;
+    if claim.others_waiting() {
+        waiting = Some(take_turn(&source, &mut claim, gone.clone(), None).await);
+    }
     loop {
         let (read, back) = read_once(&source, span_of.clone(), claim).await;
         claim = back;
         match claim.short() {
-            Some(bytes) if read.is_err() => {
-                let (memory, since) = (source.memory, std::time::Instant::now());
-                tracing::info!(
-                    source = %source.uri,
-                    needs = bytes,
-                    held = memory.held(),
-                    limit = memory.bytes(),
-                    "waiting for memory other embed_dataset jobs hold (--max-dataset-bytes)"
-                );
-                claim.wait(bytes).await;
-                let secs = since.elapsed().as_secs_f64();
-                if let Some(o) = source.observer {
-                    o.memory_wait(secs);
-                }
-                tracing::info!(
-                    source = %source.uri,
-                    secs,
-                    "dataset memory free; reading the source again"
-                );
+            Some(bytes) if read.is_err() && !claim.in_turn() => {
+                waiting = Some(take_turn(&source, &mut claim, gone.clone(), Some(bytes)).await);
             }
-            _ => return read.map(|t| (t, claim)),
+            _ => {
+                if let Some(for_turn) = waiting {
+                    // The wait for the turn, and the turn's claims' waits for memory.
+                    let waited = for_turn + claim.end_turn();
+                    if let Some(o) = source.observer {
+                        o.memory_wait(waited.as_secs_f64());
+                    }
+                    tracing::info!(
+                        source = %source.uri,
+                        secs = waited.as_secs_f64(),
+                        read = read.is_ok(),
+                        "read the source in its turn for dataset memory"
+                    );
+                }
+                return read.map(|t| (t, claim));
+            }
         }
     }
+}
+
+/// Gives back what `claim` holds and waits for the job's turn; gives how long it waited.
+async fn take_turn(
+    source: &Source<'_>,
+    claim: &mut Claim,
+    gone: tokio::sync::watch::Receiver<()>,
+    short_at: Option<u64>,
+) -> std::time::Duration {
+    let (memory, since) = (source.memory, std::time::Instant::now());
+    tracing::info!(
+        source = %source.uri,
+        short_at,
+        held = memory.held(),
+        limit = memory.bytes(),
+        "waiting for memory other embed_dataset jobs hold (--max-dataset-bytes)"
+    );
+    claim.take_turn(gone).await;
+    since.elapsed()
 }
 
 /// One read of `source`, counting what it holds in `claim`, which comes back with it.
@@ -422,7 +448,76 @@ mod tests {
         }
     }
 
-    /// Counts the waits for memory, each of which is a read again.
+    /// A job whose activity ends while it waits in its turn (the worker drops its future:
+    /// cancelled, timed out) passes the turn on at once, not when the memory frees.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_dropped_while_it_waits_passes_its_turn_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = std::sync::Arc::new(local(dir.path(), "d.jsonl", &lines(4000, "a")));
+        let memory = DatasetMemory::new(200 * 1024);
+        let mut other = Claim::new(&memory);
+        assert!(other.cover(150 * 1024));
+        let job = {
+            let (at, memory) = (at.clone(), memory.clone());
+            tokio::spawn(async move { read_in(&at, Format::JsonLines, &memory, None, all).await })
+        };
+        let probe = Claim::new(&memory);
+        let in_turn = async {
+            while !probe.others_waiting() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), in_turn)
+            .await
+            .expect("the job never took its turn");
+        job.abort();
+        let passed = async {
+            while probe.others_waiting() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), passed)
+            .await
+            .expect("the dropped job kept its turn");
+        assert_eq!(memory.held(), 150 * 1024);
+        drop(other);
+    }
+
+    /// A JSON Lines job's ids are claimed as its first pass reads them, not after it: jobs
+    /// in their first passes at once hold no more than the worker's memory together.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_jobs_ids_are_claimed_as_its_first_pass_reads_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = local(dir.path(), "d.jsonl", &lines(20_000, "a"));
+        let memory = DatasetMemory::new(u64::MAX);
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        // Runs between the first pass and the texts; the job takes no rows.
+        let span_of = {
+            let (memory, seen) = (memory.clone(), seen.clone());
+            move |_| {
+                seen.store(memory.held(), std::sync::atomic::Ordering::SeqCst);
+                Ok(Span {
+                    start: 0,
+                    end: 0,
+                    whole: false,
+                })
+            }
+        };
+        let (table, claim) = read_in(&at, Format::JsonLines, &memory, None, span_of)
+            .await
+            .unwrap();
+        assert_eq!(table.ids.len(), 20_000);
+        let seen = seen.load(std::sync::atomic::Ordering::SeqCst);
+        // An integer id is counted as 40 bytes.
+        assert!(
+            seen >= 20_000 * 40,
+            "{seen} bytes claimed after the first pass"
+        );
+        assert_eq!(memory.held(), seen);
+        drop(claim);
+    }
+
+    /// Counts the jobs that waited for memory, each of which read again at most once.
     #[derive(Default)]
     struct Waits(std::sync::atomic::AtomicUsize);
 

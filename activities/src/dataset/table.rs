@@ -242,34 +242,28 @@ impl<'a> Held<'a> {
         ))
     }
 
+    /// Counts `bytes` more and claims them: refused when the job alone would pass the
+    /// limit, stopped when the claim fails (see [`Held::reserve`]).
     pub(super) fn add(&mut self, bytes: u64) -> Result<(), ActivityError> {
         self.bytes = self.bytes.saturating_add(bytes);
         if self.bytes > self.claim.limit() {
             return Err(self.over(&format!("at least {}", self.bytes)));
         }
-        Ok(())
+        self.reserve(self.bytes)
     }
 
-    /// Claims `bytes` in all of the worker's dataset memory. A reader claims where it
-    /// knows what it holds or will hold (Parquet from its footer, before any data; JSON
-    /// Lines and CSV after the first pass, before the rows' bytes are fetched; both at the
-    /// end), not value by value: a job short of memory reads its source again, and claims
-    /// that each could fail while another job waits would make two jobs take turns
-    /// re-reading, a KiB further each time.
+    /// Claims `bytes` in all of the worker's dataset memory (within the limit: the caller
+    /// checked). Out of its turn a job's claim fails when the memory is taken, and so does
+    /// this read; in its turn the claim waits (see `memory`).
     pub(super) fn reserve(&mut self, bytes: u64) -> Result<(), ActivityError> {
         if self.claim.cover(bytes) {
             return Ok(());
         }
-        // `load` sees the claim short, waits its turn and reads again; this error only
-        // stops the read.
+        // `load` sees the claim short, waits for the job's turn and reads again; this error
+        // only stops the read.
         Err(ActivityError::Internal(
             "the worker's other embed_dataset jobs hold its dataset memory".to_owned(),
         ))
-    }
-
-    /// Claims what has been counted.
-    pub(super) fn settle(&mut self) -> Result<(), ActivityError> {
-        self.reserve(self.bytes)
     }
 }
 
