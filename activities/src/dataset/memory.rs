@@ -19,7 +19,10 @@
 //! compressed chunks, stream buffers) is not claimed.
 
 use std::{
-    sync::Arc,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -38,6 +41,8 @@ pub struct DatasetMemory {
     kib: Arc<Semaphore>,
     /// The turn to read with claims that wait: one job at a time (tokio's mutex is fair).
     turn: Arc<Mutex<()>>,
+    /// Jobs waiting now: for the turn, or in it for memory.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for DatasetMemory {
@@ -64,6 +69,7 @@ impl DatasetMemory {
             permits,
             kib: Arc::new(Semaphore::new(permits)),
             turn: Arc::new(Mutex::new(())),
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -119,19 +125,27 @@ impl Claim {
         if want <= self.kib {
             return true;
         }
+        // The job's activity ended (cancelled, timed out) while it reads in its turn: stop
+        // the read, so the turn passes on now.
+        if let Some(turn) = &self.turn {
+            if turn.gone.has_changed().is_err() {
+                self.short = Some(bytes);
+                return false;
+            }
+        }
         let semaphore = self.memory.kib.clone();
         let more = match semaphore.clone().try_acquire_many_owned(want - self.kib) {
             Ok(more) => more,
             Err(_) if self.turn.is_some() => {
                 let since = Instant::now();
+                let _waiting = Waiting::count(&self.memory.waiting);
                 let turn = self.turn.as_mut().expect("matched");
                 let got = turn.rt.block_on(async {
                     tokio::select! {
                         more = semaphore.acquire_many_owned(want - self.kib) => {
                             Some(more.expect("the dataset memory's semaphore is never closed"))
                         }
-                        // The job's activity ended (cancelled, timed out): stop waiting,
-                        // so the turn passes on now, not when the memory frees.
+                        // The job ended while it waits: not when the memory frees.
                         _ = turn.gone.changed() => None,
                     }
                 });
@@ -162,9 +176,10 @@ impl Claim {
         self.short.take()
     }
 
-    /// Whether another job holds the turn (it is waiting for memory, or reading in turn).
+    /// Whether another job waits for memory now: for the turn, or in it. A job that finds
+    /// one waits behind it, first come, first served.
     pub(crate) fn others_waiting(&self) -> bool {
-        self.memory.turn.try_lock().is_err()
+        self.memory.waiting.load(Ordering::SeqCst) > 0
     }
 
     /// Whether this job reads in its turn.
@@ -178,7 +193,10 @@ impl Claim {
         self.permit = None;
         self.kib = 0;
         self.short = None;
-        let guard = self.memory.turn.clone().lock_owned().await;
+        let guard = {
+            let _waiting = Waiting::count(&self.memory.waiting);
+            self.memory.turn.clone().lock_owned().await
+        };
         self.turn = Some(Turn {
             _guard: guard,
             rt: Handle::current(),
@@ -190,6 +208,22 @@ impl Claim {
     pub(crate) fn end_turn(&mut self) -> Duration {
         self.turn = None;
         std::mem::take(&mut self.waited)
+    }
+}
+
+/// One job counted as waiting while this lives (dropped with a wait that is abandoned).
+struct Waiting(Arc<AtomicUsize>);
+
+impl Waiting {
+    fn count(waiting: &Arc<AtomicUsize>) -> Self {
+        waiting.fetch_add(1, Ordering::SeqCst);
+        Self(waiting.clone())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -256,7 +290,8 @@ mod tests {
     }
 
     /// One job reads in turn at a time, and taking a turn gives back what a job held, so
-    /// a job waiting for the turn holds nothing another waits for.
+    /// a job waiting for the turn holds nothing another waits for. A job that reads in its
+    /// turn without waiting makes no newcomer wait; one queued for the turn does.
     #[tokio::test]
     async fn turns_come_one_at_a_time_and_waiting_for_one_holds_nothing() {
         let memory = DatasetMemory::new(10 * 1024);
@@ -265,13 +300,17 @@ mod tests {
         a.take_turn(gone.clone()).await;
         let mut b = Claim::new(&memory);
         assert!(b.cover(4 * 1024));
-        assert!(b.others_waiting());
+        assert!(
+            !b.others_waiting(),
+            "a turn that waits for nothing held up a newcomer"
+        );
         let b = tokio::spawn(async move {
             b.take_turn(gone).await;
             b
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!b.is_finished(), "two jobs had the turn at once");
+        assert!(Claim::new(&memory).others_waiting());
         assert_eq!(
             memory.held(),
             0,
@@ -306,9 +345,27 @@ mod tests {
         drop(alive);
         assert_eq!(b.await.unwrap(), (false, Some(8 * 1024)));
         let mut c = Claim::new(&memory);
-        assert!(!c.others_waiting(), "the ended job kept the turn");
+        assert!(!c.others_waiting());
+        let (_alive, gone) = watch::channel(());
+        tokio::time::timeout(Duration::from_secs(1), c.take_turn(gone))
+            .await
+            .expect("the ended job kept the turn");
         assert_eq!(memory.held(), 6 * 1024);
         drop(a);
         assert!(c.cover(10 * 1024));
+    }
+
+    /// A job that ended while it reads in its turn stops at its next claim even when the
+    /// memory is there: the turn passes on before the job would have read its whole source.
+    #[tokio::test]
+    async fn a_job_that_ends_while_it_reads_in_turn_stops_at_its_next_claim() {
+        let memory = DatasetMemory::new(10 * 1024);
+        let (alive, gone) = watch::channel(());
+        let mut a = Claim::new(&memory);
+        a.take_turn(gone).await;
+        assert!(a.cover(2 * 1024));
+        drop(alive);
+        assert!(!a.cover(3 * 1024));
+        assert_eq!(a.short(), Some(3 * 1024));
     }
 }

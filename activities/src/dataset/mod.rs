@@ -85,7 +85,8 @@ impl PartOutcome {
 pub trait DatasetObserver: Send + Sync {
     /// A part of `rows` rows of `model`'s job ended as `outcome`.
     fn part(&self, model: &str, outcome: PartOutcome, rows: usize);
-    /// A job waited `secs` for the memory other jobs held of the worker's dataset memory.
+    /// A job waited `secs` for the memory other jobs held of the worker's dataset memory:
+    /// for its turn, and in it for the memory.
     fn memory_wait(&self, secs: f64);
 }
 

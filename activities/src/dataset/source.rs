@@ -461,6 +461,7 @@ mod tests {
             let (at, memory) = (at.clone(), memory.clone());
             tokio::spawn(async move { read_in(&at, Format::JsonLines, &memory, None, all).await })
         };
+        // The job waits in its turn once its first read has found the memory short.
         let probe = Claim::new(&memory);
         let in_turn = async {
             while !probe.others_waiting() {
@@ -469,16 +470,14 @@ mod tests {
         };
         tokio::time::timeout(std::time::Duration::from_secs(10), in_turn)
             .await
-            .expect("the job never took its turn");
+            .expect("the job never waited in its turn");
         job.abort();
-        let passed = async {
-            while probe.others_waiting() {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-        };
-        tokio::time::timeout(std::time::Duration::from_secs(10), passed)
+        let (_alive, gone) = tokio::sync::watch::channel(());
+        let mut probe = probe;
+        tokio::time::timeout(std::time::Duration::from_secs(10), probe.take_turn(gone))
             .await
             .expect("the dropped job kept its turn");
+        assert!(!probe.others_waiting());
         assert_eq!(memory.held(), 150 * 1024);
         drop(other);
     }
