@@ -14,6 +14,7 @@ mod parts;
 mod records;
 mod source;
 mod storage;
+mod stream;
 mod table;
 
 use std::{sync::Arc, time::Instant};

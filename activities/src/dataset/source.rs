@@ -6,8 +6,8 @@
 
 use std::{io::Read, ops::Range};
 
-use bytes::{Buf, Bytes};
-use futures::{stream::BoxStream, StreamExt};
+use bytes::Bytes;
+use futures::StreamExt;
 use object_store::{
     coalesce_ranges, path::Path, GetOptions, GetResultPayload, ObjectMeta, ObjectStore,
     OBJECT_STORE_COALESCE_DEFAULT,
@@ -17,10 +17,11 @@ use super::{
     memory::{Claim, DatasetMemory},
     parquet, records,
     storage::{storage_error, Location},
+    stream::{Body, Whole},
     table::{Columns, Format, Span, Table},
     DatasetObserver,
 };
-use crate::{input::quote_uri, ActivityError};
+use crate::ActivityError;
 
 /// What to read, and the worker's memory it is read into.
 pub(crate) struct Source<'a> {
@@ -170,14 +171,21 @@ async fn read_once(
             text: &text,
             uri: &uri,
         };
+        // The rest of the version first read, should its stream break.
+        let reopen = |from: u64| {
+            if from >= size {
+                // Broke after its last byte: nothing is left to get.
+                return Ok(futures::stream::empty().boxed());
+            }
+            rt.block_on(async {
+                let options = pinned(&meta, from..size);
+                Ok(store.get_opts(&path, options).await?.into_stream())
+            })
+        };
         let from = match got.payload {
             // A local file is read as one, not in the store's 8 KiB chunks.
             GetResultPayload::File(file, _) => Body::File(file.take(size)),
-            GetResultPayload::Stream(stream) => Body::Stream {
-                rt: &rt,
-                stream,
-                chunk: Bytes::new(),
-            },
+            GetResultPayload::Stream(stream) => Body::stream(&rt, stream, &reopen),
         };
         let mut whole = Whole {
             from,
@@ -218,7 +226,16 @@ async fn get_pinned(
     meta: &ObjectMeta,
     range: Range<u64>,
 ) -> object_store::Result<Bytes> {
-    let options = GetOptions {
+    store
+        .get_opts(path, pinned(meta, range))
+        .await?
+        .bytes()
+        .await
+}
+
+/// A get of `range` of the version `meta` describes.
+fn pinned(meta: &ObjectMeta, range: Range<u64>) -> GetOptions {
+    GetOptions {
         range: Some(range.into()),
         if_match: meta.e_tag.clone(),
         // The e_tag pins the content; a version is asked for only without one, since
@@ -226,117 +243,12 @@ async fn get_pinned(
         // may not have.
         version: meta.version.clone().filter(|_| meta.e_tag.is_none()),
         ..Default::default()
-    };
-    store.get_opts(path, options).await?.bytes().await
-}
-
-/// A stored object's body.
-enum Body<'a> {
-    File(std::io::Take<std::fs::File>),
-    /// Chunks awaited on the runtime (from the blocking pool).
-    Stream {
-        rt: &'a tokio::runtime::Handle,
-        stream: BoxStream<'static, object_store::Result<Bytes>>,
-        chunk: Bytes,
-    },
-}
-
-/// A stored object's body as a `Read`, for the blocking pool. A storage error is kept, so
-/// that the reader's caller can tell it from a file that does not parse.
-struct Whole<'a> {
-    from: Body<'a>,
-    uri: &'a str,
-    failed: Option<ActivityError>,
-}
-
-impl Read for Whole<'_> {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        let Whole { from, uri, failed } = self;
-        match from {
-            Body::File(file) => file.read(out).inspect_err(|e| {
-                // The reader retries an interrupted read.
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    *failed = Some(ActivityError::StorageUnavailable(format!(
-                        "{}: {e}",
-                        quote_uri(uri)
-                    )));
-                }
-            }),
-            Body::Stream { rt, stream, chunk } => {
-                while chunk.is_empty() {
-                    match rt.block_on(stream.next()) {
-                        Some(Ok(b)) => *chunk = b,
-                        Some(Err(e)) => {
-                            let shown = e.to_string();
-                            *failed = Some(storage_error(uri, e));
-                            return Err(std::io::Error::other(shown));
-                        }
-                        None => return Ok(0),
-                    }
-                }
-                let n = out.len().min(chunk.len());
-                out[..n].copy_from_slice(&chunk[..n]);
-                chunk.advance(n);
-                Ok(n)
-            }
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A storage error in the middle of the first pass is storage's, not a malformed file.
-    #[test]
-    fn a_stream_that_fails_midway_is_retryable() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let chunks: Vec<object_store::Result<Bytes>> = vec![
-            Ok(Bytes::from_static(b"id,text\n1,a\n2,")),
-            Err(object_store::Error::Generic {
-                store: "test",
-                source: "connection reset".into(),
-            }),
-        ];
-        let handle = rt.handle().clone();
-        let got = rt.block_on(rt.spawn_blocking(move || {
-            let cols = Columns {
-                id: "id",
-                text: "text",
-                uri: "s3://b/d.csv",
-            };
-            let mut whole = Whole {
-                from: Body::Stream {
-                    rt: &handle,
-                    stream: futures::stream::iter(chunks).boxed(),
-                    chunk: Bytes::new(),
-                },
-                uri: "s3://b/d.csv",
-                failed: None,
-            };
-            let all = |n| {
-                Ok(Span {
-                    start: 0,
-                    end: n,
-                    whole: true,
-                })
-            };
-            let fetch = |_: Range<u64>| unreachable!("the first pass fails");
-            let mut claim = Claim::new(&DatasetMemory::new(u64::MAX));
-            let read = records::read(&mut whole, &fetch, 100, Format::Csv, &cols, &mut claim, all);
-            assert!(read.is_err());
-            whole.failed.take()
-        }));
-        let e = got.unwrap().expect("the storage error is kept");
-        assert!(
-            matches!(&e, ActivityError::StorageUnavailable(m) if m.contains("connection reset")),
-            "{e:?}"
-        );
-    }
 
     /// `bytes` as `name` in a local store at `dir`.
     fn local(dir: &std::path::Path, name: &str, bytes: &[u8]) -> Location {
