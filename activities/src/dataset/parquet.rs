@@ -180,7 +180,7 @@ pub(crate) fn read(
             ids.len()
         )));
     }
-    unique(&ids, cols)?;
+    unique(&ids, &mut held)?;
     let mut texts = Vec::with_capacity(span.end - span.start);
     if let Some(&g0) = holding.first() {
         let in_groups: usize = holding.iter().map(|&g| rows_of(&meta, g)).sum();

@@ -41,19 +41,19 @@ pub(crate) fn read(
 ) -> Result<Table, ActivityError> {
     let max_bytes = claim.limit();
     let mut held = Held::new(cols, claim);
-    let (mut ids, mut offsets) = (Vec::new(), Vec::new());
+    let (mut ids, mut offsets) = (IdsRead::Int(Vec::new()), Vec::<u64>::new());
     // A row's bytes count twice once its range is fetched (below): a row over half the
     // limit could never be held, so it is refused as the first pass reads it.
     let header = records(whole, format, cols, None, 0, max_bytes / 2, |r| {
-        // The id as held (a JSON value, its string's bytes) and the row's offset.
-        let bytes = 32 + 8 + r.id.as_str().map_or(0, |s| s.len() as u64);
-        ids.push(r.id);
+        // The id as held and the row's offset, the vectors counted as they grow.
+        let room = offsets.capacity();
+        let bytes = ids.push(r.id);
         offsets.push(r.offset);
-        held.add(bytes)
+        held.add(bytes + grown(&offsets, room))
     })?;
+    let ids = ids.done();
     let n = ids.len();
-    let ids = ids_from(ids);
-    unique(&ids, cols)?;
+    unique(&ids, &mut held)?;
     let span = span_of(n)?;
     held.span(span, n);
     let mut texts = Vec::with_capacity(span.end - span.start);
@@ -272,20 +272,55 @@ impl Read for Capped<'_, '_> {
     }
 }
 
-/// Ids read from text formats: integers when all are, else strings.
-fn ids_from(raw: Vec<Value>) -> Ids {
-    if raw.iter().all(|v| v.as_i64().is_some()) {
-        Ids::Int(raw.iter().filter_map(Value::as_i64).collect())
-    } else {
-        Ids::Str(
-            raw.into_iter()
-                .map(|v| match v {
+/// Ids as a text format's first pass reads them: integers while every one is one, strings
+/// from the first that is not (the integers before it as their text, as JSON prints them,
+/// so that [`Ids::holds`] finds them again).
+enum IdsRead {
+    Int(Vec<i64>),
+    Str(Vec<String>),
+}
+
+impl IdsRead {
+    /// Keeps `id`; gives the bytes it holds more: the id's own, and what its vector grew.
+    fn push(&mut self, id: Value) -> u64 {
+        match (&mut *self, id) {
+            (IdsRead::Int(v), Value::Number(n)) if n.is_i64() => {
+                let room = v.capacity();
+                v.push(n.as_i64().unwrap_or_default());
+                grown(v, room)
+            }
+            (IdsRead::Int(v), id) => {
+                let mut strings: Vec<String> = v.iter().map(i64::to_string).collect();
+                // The integers' text, beside the integers until they are dropped here.
+                let texts: u64 = strings.iter().map(|s| s.len() as u64).sum();
+                let bytes = texts + grown(&strings, 0);
+                *self = IdsRead::Str(std::mem::take(&mut strings));
+                bytes + self.push(id)
+            }
+            (IdsRead::Str(v), id) => {
+                let id = match id {
                     Value::String(s) => s,
                     other => other.to_string(),
-                })
-                .collect(),
-        )
+                };
+                let (room, len) = (v.capacity(), id.len() as u64);
+                v.push(id);
+                len + grown(v, room)
+            }
+        }
     }
+
+    fn done(self) -> Ids {
+        match self {
+            IdsRead::Int(v) => Ids::Int(v),
+            IdsRead::Str(v) => Ids::Str(v),
+        }
+    }
+}
+
+/// The bytes `v` took more since its capacity was `room`: a vector holds its capacity, up
+/// to twice what it has in it.
+fn grown<T>(v: &Vec<T>, room: usize) -> u64 {
+    (v.capacity().saturating_sub(room) * std::mem::size_of::<T>()) as u64
 }
 
 #[cfg(test)]
@@ -379,6 +414,19 @@ mod tests {
         // An empty span fetches nothing.
         let (t, fetched) = read_span(jsonl, Format::JsonLines, u64::MAX, span(3, 3)).unwrap();
         assert!(t.texts.is_empty() && fetched == 0);
+    }
+
+    /// Integer ids turn to strings from the first id that is not one, the integers before
+    /// it as their text, and the second pass still finds each row's id.
+    #[test]
+    fn ids_are_integers_until_one_is_not() {
+        let jsonl = b"{\"id\": 1, \"text\": \"a\"}\n{\"id\": \"x\", \"text\": \"b\"}\n{\"id\": 30, \"text\": \"c\"}\n";
+        let (t, _) = read_span(jsonl, Format::JsonLines, u64::MAX, span(0, 3)).unwrap();
+        assert_eq!(t.ids, Ids::Str(["1", "x", "30"].map(String::from).to_vec()));
+        assert_eq!(t.texts, ["a", "b", "c"].map(String::from).to_vec());
+        let csv = b"id,text\n-4,a\n5,b\n";
+        let (t, _) = read_span(csv, Format::Csv, u64::MAX, span(0, 2)).unwrap();
+        assert_eq!(t.ids, Ids::Int(vec![-4, 5]));
     }
 
     #[test]

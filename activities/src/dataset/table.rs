@@ -81,11 +81,29 @@ impl Ids {
 
     /// The first id that appears twice, with both rows.
     fn duplicate(&self) -> Option<(String, usize, usize)> {
-        fn first_dup<T: std::hash::Hash + Eq + ToString>(
+        fn first_dup<T: std::hash::Hash + Ord + ToString>(
             v: &[T],
         ) -> Option<(String, usize, usize)> {
-            let mut seen: HashMap<&T, usize> = HashMap::with_capacity(v.len());
+            // Sorted references tell whether any id repeats in [`UNIQUE_BYTES`] a row (a
+            // map of every id took about three times that); only an id that does is
+            // looked for again, in row order, to name the first repeat and its rows.
+            let mut sorted: Vec<&T> = v.iter().collect();
+            sorted.sort_unstable();
+            let mut repeated: Vec<&T> = sorted
+                .windows(2)
+                .filter(|w| w[0] == w[1])
+                .map(|w| w[0])
+                .collect();
+            drop(sorted);
+            repeated.dedup();
+            if repeated.is_empty() {
+                return None;
+            }
+            let mut seen: HashMap<&T, usize> = HashMap::new();
             for (row, id) in v.iter().enumerate() {
+                if repeated.binary_search(&id).is_err() {
+                    continue;
+                }
                 if let Some(&first) = seen.get(id) {
                     return Some((id.to_string(), first, row));
                 }
@@ -99,6 +117,9 @@ impl Ids {
         }
     }
 }
+
+/// What looking for a repeated id holds a row while it looks (counted with the ids).
+pub(super) const UNIQUE_BYTES: u64 = std::mem::size_of::<usize>() as u64;
 
 /// The rows a job covers of a dataset: `[start, end)`, and whether that is all of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,8 +203,11 @@ impl Columns<'_> {
     }
 }
 
-/// Refuses duplicate ids, naming the first one and both its rows.
-pub(super) fn unique(ids: &Ids, cols: &Columns) -> Result<(), ActivityError> {
+/// Refuses duplicate ids, naming the first one and both its rows; what looking takes is
+/// counted in `held` first.
+pub(super) fn unique(ids: &Ids, held: &mut Held) -> Result<(), ActivityError> {
+    held.add(UNIQUE_BYTES.saturating_mul(ids.len() as u64))?;
+    let cols = held.cols;
     match ids.duplicate() {
         Some((id, first, again)) => Err(ActivityError::InvalidInput(format!(
             "column {} of {} has duplicates: id {} is at rows {first} and {again}; ids must be unique, since each names one output row",
@@ -270,6 +294,23 @@ impl<'a> Held<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The repeat named is the first in row order, whatever sorts first, with the row
+    /// its id first appeared at.
+    #[test]
+    fn the_first_repeated_id_is_named_with_both_rows() {
+        assert_eq!(
+            Ids::Int(vec![9, 5, 3, 7, 3, 5, 5]).duplicate(),
+            Some(("3".to_owned(), 2, 4))
+        );
+        let strs = |v: &[&str]| Ids::Str(v.iter().map(|s| s.to_string()).collect());
+        assert_eq!(
+            strs(&["b", "a", "c", "a", "b"]).duplicate(),
+            Some(("a".to_owned(), 1, 3))
+        );
+        assert_eq!(Ids::Int((0..1000).rev().collect()).duplicate(), None);
+        assert_eq!(strs(&[]).duplicate(), None);
+    }
 
     #[test]
     fn formats_come_from_the_request_or_the_extension() {
