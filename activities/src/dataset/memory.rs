@@ -13,10 +13,13 @@
 //!   That cannot deadlock: the others that hold memory either have read (they end, and
 //!   give it back) or read out of turn (they never wait while holding).
 //!
-//! So a job reads its source at most twice, and jobs take their turns first come, first
-//! served: a job that finds another waiting takes its turn behind it without a first
-//! read. What a reader holds beside its counted values (a Parquet footer, fetched
-//! compressed chunks, stream buffers) is not claimed.
+//! So a job reads its source at most twice. A job that finds another waiting (in line for
+//! the turn, or short of memory in it) gets in line behind it before it reads, so the
+//! memory a short job gives back goes to it first; once through the line, it reads out of
+//! turn like any other, so jobs that queued together read together. What a reader holds
+//! beside its counted values (a Parquet footer, fetched compressed chunks, stream
+//! buffers) is not claimed; what it holds for a moment (the duplicate check) is claimed
+//! and given back.
 
 use std::{
     sync::{
@@ -138,7 +141,6 @@ impl Claim {
             Ok(more) => more,
             Err(_) if self.turn.is_some() => {
                 let since = Instant::now();
-                let _waiting = Waiting::count(&self.memory.waiting);
                 let turn = self.turn.as_mut().expect("matched");
                 let got = turn.rt.block_on(async {
                     tokio::select! {
@@ -171,15 +173,36 @@ impl Claim {
         true
     }
 
+    /// Holds only enough for `bytes` in all, giving the rest back (what a reader held for
+    /// a moment).
+    pub(super) fn shrink(&mut self, bytes: u64) {
+        let keep = kib(bytes);
+        if keep < self.kib {
+            if let Some(p) = &mut self.permit {
+                drop(p.split((self.kib - keep) as usize));
+            }
+            self.kib = keep;
+        }
+    }
+
     /// The bytes a read stopped at for want of memory, if it did.
     pub(crate) fn short(&mut self) -> Option<u64> {
         self.short.take()
     }
 
-    /// Whether another job waits for memory now: for the turn, or in it. A job that finds
-    /// one waits behind it, first come, first served.
+    /// Whether another job waits for memory now: in line for the turn, or short of memory
+    /// in it (from when it took its turn to when its read ends). A job that finds one gets
+    /// in line behind it (`wait_in_line`), first come, first served.
     pub(crate) fn others_waiting(&self) -> bool {
         self.memory.waiting.load(Ordering::SeqCst) > 0
+    }
+
+    /// Waits in line behind the jobs waiting for memory, then passes the turn on at once:
+    /// the job has not found memory short itself, so it reads out of turn like any other,
+    /// and jobs that queued together read together again (not one at a time).
+    pub(crate) async fn wait_in_line(&self) {
+        let _waiting = Waiting::count(&self.memory.waiting);
+        drop(self.memory.turn.clone().lock_owned().await);
     }
 
     /// Whether this job reads in its turn.
@@ -187,17 +210,18 @@ impl Claim {
         self.turn.is_some()
     }
 
-    /// Gives back all it holds, then waits for the job's turn. The turn's claims stop
-    /// waiting once `gone` tells them the job has ended (its sender is dropped).
+    /// Gives back all it holds, then waits for the job's turn, counted as waiting until
+    /// the turn ends: newcomers get in line rather than take the memory it gave back. The
+    /// turn's claims stop waiting once `gone` tells them the job has ended (its sender is
+    /// dropped).
     pub(crate) async fn take_turn(&mut self, gone: watch::Receiver<()>) {
         self.permit = None;
         self.kib = 0;
         self.short = None;
-        let guard = {
-            let _waiting = Waiting::count(&self.memory.waiting);
-            self.memory.turn.clone().lock_owned().await
-        };
+        let waiting = Waiting::count(&self.memory.waiting);
+        let guard = self.memory.turn.clone().lock_owned().await;
         self.turn = Some(Turn {
+            _waiting: waiting,
             _guard: guard,
             rt: Handle::current(),
             gone,
@@ -229,6 +253,9 @@ impl Drop for Waiting {
 
 /// A job's turn to read with claims that wait.
 struct Turn {
+    // Fields drop in order: the job stops counting as waiting before the turn passes on,
+    // so the next job in its turn never sees it still waiting.
+    _waiting: Waiting,
     _guard: OwnedMutexGuard<()>,
     /// The runtime the claims wait on, from the blocking pool.
     rt: Handle,
@@ -257,6 +284,10 @@ mod tests {
         drop(a);
         assert_eq!(memory.held(), 4 * 1024);
         assert!(b.cover(9 * 1024));
+        b.shrink(3 * 1024);
+        assert_eq!(memory.held(), 3 * 1024);
+        assert!(b.cover(4 * 1024));
+        assert_eq!(memory.held(), 4 * 1024);
         drop(b);
         assert_eq!(memory.held(), 0);
     }
@@ -290,8 +321,8 @@ mod tests {
     }
 
     /// One job reads in turn at a time, and taking a turn gives back what a job held, so
-    /// a job waiting for the turn holds nothing another waits for. A job that reads in its
-    /// turn without waiting makes no newcomer wait; one queued for the turn does.
+    /// a job waiting for the turn holds nothing another waits for. A job in its turn makes
+    /// newcomers get in line, so they do not take the memory it gave back.
     #[tokio::test]
     async fn turns_come_one_at_a_time_and_waiting_for_one_holds_nothing() {
         let memory = DatasetMemory::new(10 * 1024);
@@ -301,8 +332,8 @@ mod tests {
         let mut b = Claim::new(&memory);
         assert!(b.cover(4 * 1024));
         assert!(
-            !b.others_waiting(),
-            "a turn that waits for nothing held up a newcomer"
+            b.others_waiting(),
+            "a newcomer could take what the turn gave back"
         );
         let b = tokio::spawn(async move {
             b.take_turn(gone).await;
@@ -367,5 +398,37 @@ mod tests {
         drop(alive);
         assert!(!a.cover(3 * 1024));
         assert_eq!(a.short(), Some(3 * 1024));
+    }
+
+    /// A job that got in line behind a waiting one passes the turn on as soon as it gets
+    /// it: it reads out of turn, beside the others that were in line.
+    #[tokio::test]
+    async fn a_job_through_the_line_passes_the_turn_on() {
+        let memory = DatasetMemory::new(10 * 1024);
+        let (_alive, gone) = watch::channel(());
+        let mut a = Claim::new(&memory);
+        a.take_turn(gone.clone()).await;
+        let line = |memory: &DatasetMemory| {
+            let b = Claim::new(memory);
+            tokio::spawn(async move { b.wait_in_line().await })
+        };
+        let (b, c) = (line(&memory), line(&memory));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !b.is_finished() && !c.is_finished(),
+            "the line did not wait for the turn"
+        );
+        a.end_turn();
+        tokio::time::timeout(Duration::from_secs(1), async {
+            b.await.unwrap();
+            c.await.unwrap();
+        })
+        .await
+        .expect("the line did not move on");
+        let mut d = Claim::new(&memory);
+        assert!(!d.others_waiting());
+        tokio::time::timeout(Duration::from_secs(1), d.take_turn(gone))
+            .await
+            .expect("a job through the line kept the turn");
     }
 }

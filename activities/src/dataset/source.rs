@@ -39,7 +39,7 @@ pub(crate) struct Source<'a> {
 /// off the async runtime. The table comes with the job's claim on the worker's dataset
 /// memory, which the job keeps as long as it keeps the table. A job that finds the memory
 /// taken by other jobs gives back what it held, waits for its turn, and reads again in
-/// it; one that finds another job waiting takes its turn behind it at once (`memory`).
+/// it; one that finds another job waiting gets in line behind it first (`memory`).
 pub(crate) async fn load(
     source: Source<'_>,
     span_of: impl FnOnce(usize) -> Result<Span, ActivityError> + Clone + Send + 'static,
@@ -48,22 +48,28 @@ pub(crate) async fn load(
     // Dropped with this future when the activity ends early (cancelled, timed out), which
     // tells a read waiting in its turn to stop waiting and pass the turn on.
     let (_alive, gone) = tokio::sync::watch::channel(());
-    // How long the job waited for its turn, once it has.
+    // How long the job waited (in line, for its turn), once it has.
     let mut waiting = None;
     if claim.others_waiting() {
-        waiting = Some(take_turn(&source, &mut claim, gone.clone(), None).await);
+        let since = std::time::Instant::now();
+        log_wait(&source, None);
+        claim.wait_in_line().await;
+        waiting = Some(since.elapsed());
     }
     loop {
         let (read, back) = read_once(&source, span_of.clone(), claim).await;
         claim = back;
         match claim.short() {
             Some(bytes) if read.is_err() && !claim.in_turn() => {
-                waiting = Some(take_turn(&source, &mut claim, gone.clone(), Some(bytes)).await);
+                let since = std::time::Instant::now();
+                log_wait(&source, Some(bytes));
+                claim.take_turn(gone.clone()).await;
+                waiting = Some(waiting.unwrap_or_default() + since.elapsed());
             }
             _ => {
-                if let Some(for_turn) = waiting {
-                    // The wait for the turn, and the turn's claims' waits for memory.
-                    let waited = for_turn + claim.end_turn();
+                if let Some(before) = waiting {
+                    // The waits before reading, and the turn's claims' waits for memory.
+                    let waited = before + claim.end_turn();
                     if let Some(o) = source.observer {
                         o.memory_wait(waited.as_secs_f64());
                     }
@@ -71,7 +77,7 @@ pub(crate) async fn load(
                         source = %source.uri,
                         secs = waited.as_secs_f64(),
                         read = read.is_ok(),
-                        "read the source in its turn for dataset memory"
+                        "read the source after waiting for dataset memory"
                     );
                 }
                 return read.map(|t| (t, claim));
@@ -80,14 +86,10 @@ pub(crate) async fn load(
     }
 }
 
-/// Gives back what `claim` holds and waits for the job's turn; gives how long it waited.
-async fn take_turn(
-    source: &Source<'_>,
-    claim: &mut Claim,
-    gone: tokio::sync::watch::Receiver<()>,
-    short_at: Option<u64>,
-) -> std::time::Duration {
-    let (memory, since) = (source.memory, std::time::Instant::now());
+/// Says a job waits for memory other jobs hold: `short_at` the bytes its read had reached,
+/// or none where it gets in line behind jobs that wait.
+fn log_wait(source: &Source<'_>, short_at: Option<u64>) {
+    let memory = source.memory;
     tracing::info!(
         source = %source.uri,
         short_at,
@@ -95,8 +97,6 @@ async fn take_turn(
         limit = memory.bytes(),
         "waiting for memory other embed_dataset jobs hold (--max-dataset-bytes)"
     );
-    claim.take_turn(gone).await;
-    since.elapsed()
 }
 
 /// One read of `source`, counting what it holds in `claim`, which comes back with it.
@@ -185,7 +185,12 @@ async fn read_once(
         let from = match got.payload {
             // A local file is read as one, not in the store's 8 KiB chunks.
             GetResultPayload::File(file, _) => Body::File(file.take(size)),
-            GetResultPayload::Stream(stream) => Body::stream(&rt, stream, &reopen),
+            // A reopen is pinned by the e_tag or the version; with neither, it could
+            // splice two versions, so the stream is not reopened.
+            GetResultPayload::Stream(stream) => {
+                let pinned = meta.e_tag.is_some() || meta.version.is_some();
+                Body::stream(&rt, stream, size, pinned.then_some(&reopen as _))
+            }
         };
         let mut whole = Whole {
             from,
@@ -389,6 +394,7 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(10), probe.take_turn(gone))
             .await
             .expect("the dropped job kept its turn");
+        probe.end_turn();
         assert!(!probe.others_waiting());
         assert_eq!(memory.held(), 150 * 1024);
         drop(other);
@@ -468,7 +474,9 @@ mod tests {
             let (_, alone) = read_in(&at, format, &unbounded, None, few).await.unwrap();
             let one = unbounded.held();
             drop(alone);
-            let memory = DatasetMemory::new(one * 5 / 4);
+            // Room for one job as it reads (the duplicate check holds half as much again
+            // as the ids for a moment) but not for two.
+            let memory = DatasetMemory::new(one * 7 / 4);
             let waits = std::sync::Arc::new(Waits::default());
             let job = || {
                 let (at, memory, waits) = (at.clone(), memory.clone(), waits.clone());

@@ -29,9 +29,12 @@ pub(super) enum Body<'a> {
         rt: &'a tokio::runtime::Handle,
         stream: Chunks,
         chunk: Bytes,
-        reopen: Reopen<'a>,
+        /// None where the store names no version to pin a reopen to.
+        reopen: Option<Reopen<'a>>,
         /// Bytes of the body handed out so far: where a reopened stream starts.
         at: u64,
+        /// The body's size: a stream that ends short of it broke.
+        size: u64,
         /// Reopens since the last chunk.
         tries: u32,
     },
@@ -41,7 +44,8 @@ impl<'a> Body<'a> {
     pub(super) fn stream(
         rt: &'a tokio::runtime::Handle,
         stream: Chunks,
-        reopen: Reopen<'a>,
+        size: u64,
+        reopen: Option<Reopen<'a>>,
     ) -> Self {
         Body::Stream {
             rt,
@@ -49,6 +53,7 @@ impl<'a> Body<'a> {
             chunk: Bytes::new(),
             reopen,
             at: 0,
+            size,
             tries: 0,
         }
     }
@@ -81,15 +86,18 @@ impl Read for Whole<'_> {
                 chunk,
                 reopen,
                 at,
+                size,
                 tries,
             } => {
                 while chunk.is_empty() {
-                    match rt.block_on(stream.next()) {
-                        Some(Ok(b)) => {
+                    match (rt.block_on(stream.next()), &reopen) {
+                        (Some(Ok(b)), _) => {
+                            if !b.is_empty() {
+                                *tries = 0;
+                            }
                             *chunk = b;
-                            *tries = 0;
                         }
-                        Some(Err(e)) if *tries < REOPENS => {
+                        (Some(Err(e)), Some(reopen)) if *tries < REOPENS => {
                             *tries += 1;
                             tracing::info!(
                                 source = %uri,
@@ -102,8 +110,17 @@ impl Read for Whole<'_> {
                                 Err(e) => return Err(kept(failed, uri, e)),
                             }
                         }
-                        Some(Err(e)) => return Err(kept(failed, uri, e)),
-                        None => return Ok(0),
+                        (Some(Err(e)), _) => return Err(kept(failed, uri, e)),
+                        (None, _) if *at < *size => {
+                            let e = ActivityError::StorageUnavailable(format!(
+                                "{}: its body ended at byte {at} of {size}",
+                                quote_uri(uri)
+                            ));
+                            let shown = e.to_string();
+                            *failed = Some(e);
+                            return Err(std::io::Error::other(shown));
+                        }
+                        (None, _) => return Ok(0),
                     }
                 }
                 let n = out.len().min(chunk.len());
@@ -176,7 +193,12 @@ mod tests {
             let first: Vec<object_store::Result<Bytes>> =
                 vec![Ok(Bytes::from_static(&FILE[..14])), Err(reset())];
             let mut whole = Whole {
-                from: Body::stream(rt, futures::stream::iter(first).boxed(), &reopen),
+                from: Body::stream(
+                    rt,
+                    futures::stream::iter(first).boxed(),
+                    FILE.len() as u64,
+                    Some(&reopen),
+                ),
                 uri: "s3://b/d.csv",
                 failed: None,
             };
@@ -202,7 +224,7 @@ mod tests {
             let first: Vec<object_store::Result<Bytes>> =
                 vec![Ok(Bytes::from_static(b"id,text\n1,a\n2,")), Err(reset())];
             let mut whole = Whole {
-                from: Body::stream(rt, futures::stream::iter(first).boxed(), &reopen),
+                from: Body::stream(rt, futures::stream::iter(first).boxed(), 100, Some(&reopen)),
                 uri: "s3://b/d.csv",
                 failed: None,
             };
@@ -230,5 +252,42 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(tries, REOPENS);
+    }
+
+    /// A body that ends short of its size broke (retryable), and a stream the store names
+    /// no version for is not reopened: a reopen could read another version's bytes.
+    #[test]
+    fn a_short_body_or_an_unpinned_break_is_storages_failure() {
+        let failed = on_the_pool(|rt| {
+            let short: Vec<object_store::Result<Bytes>> = vec![Ok(Bytes::from_static(&FILE[..14]))];
+            let broken: Vec<object_store::Result<Bytes>> =
+                vec![Ok(Bytes::from_static(&FILE[..14])), Err(reset())];
+            [(short, true), (broken, false)].map(|(chunks, pinned)| {
+                let reopen = |_: u64| -> object_store::Result<Chunks> {
+                    unreachable!("neither stream is opened again")
+                };
+                let mut whole = Whole {
+                    from: Body::stream(
+                        rt,
+                        futures::stream::iter(chunks).boxed(),
+                        FILE.len() as u64,
+                        pinned.then_some(&reopen as Reopen),
+                    ),
+                    uri: "s3://b/d.csv",
+                    failed: None,
+                };
+                assert!(whole.read_to_end(&mut Vec::new()).is_err());
+                whole.failed.take()
+            })
+        });
+        let [short, broken] = failed.map(|f| f.expect("the storage error is kept"));
+        assert!(
+            matches!(&short, ActivityError::StorageUnavailable(m) if m.contains("ended at byte 14 of")),
+            "{short:?}"
+        );
+        assert!(
+            matches!(&broken, ActivityError::StorageUnavailable(m) if m.contains("connection reset")),
+            "{broken:?}"
+        );
     }
 }

@@ -89,13 +89,13 @@ impl Ids {
             // looked for again, in row order, to name the first repeat and its rows.
             let mut sorted: Vec<&T> = v.iter().collect();
             sorted.sort_unstable();
-            let mut repeated: Vec<&T> = sorted
-                .windows(2)
-                .filter(|w| w[0] == w[1])
-                .map(|w| w[0])
-                .collect();
+            let mut repeated: Vec<&T> = Vec::new();
+            for w in sorted.windows(2) {
+                if w[0] == w[1] && repeated.last() != Some(&w[0]) {
+                    repeated.push(w[0]);
+                }
+            }
             drop(sorted);
-            repeated.dedup();
             if repeated.is_empty() {
                 return None;
             }
@@ -204,11 +204,14 @@ impl Columns<'_> {
 }
 
 /// Refuses duplicate ids, naming the first one and both its rows; what looking takes is
-/// counted in `held` first.
+/// claimed in `held` while it looks.
 pub(super) fn unique(ids: &Ids, held: &mut Held) -> Result<(), ActivityError> {
-    held.add(UNIQUE_BYTES.saturating_mul(ids.len() as u64))?;
+    let looking = UNIQUE_BYTES.saturating_mul(ids.len() as u64);
+    held.add(looking)?;
     let cols = held.cols;
-    match ids.duplicate() {
+    let found = ids.duplicate();
+    held.give_back(looking);
+    match found {
         Some((id, first, again)) => Err(ActivityError::InvalidInput(format!(
             "column {} of {} has duplicates: id {} is at rows {first} and {again}; ids must be unique, since each names one output row",
             quote(cols.id),
@@ -233,6 +236,8 @@ pub(super) struct Held<'a> {
     /// The job's share of the worker's dataset memory, whose limit binds one job too.
     claim: &'a mut Claim,
     bytes: u64,
+    /// The most claimed ahead of counting ([`Held::reserve`]), kept when bytes are given back.
+    reserved: u64,
 }
 
 impl<'a> Held<'a> {
@@ -242,6 +247,7 @@ impl<'a> Held<'a> {
             span: None,
             claim,
             bytes: 0,
+            reserved: 0,
         }
     }
 
@@ -267,19 +273,34 @@ impl<'a> Held<'a> {
     }
 
     /// Counts `bytes` more and claims them: refused when the job alone would pass the
-    /// limit, stopped when the claim fails (see [`Held::reserve`]).
+    /// limit, stopped when the claim fails (see [`Held::cover`]).
     pub(super) fn add(&mut self, bytes: u64) -> Result<(), ActivityError> {
         self.bytes = self.bytes.saturating_add(bytes);
         if self.bytes > self.claim.limit() {
             return Err(self.over(&format!("at least {}", self.bytes)));
         }
-        self.reserve(self.bytes)
+        self.cover(self.bytes)
     }
 
-    /// Claims `bytes` in all of the worker's dataset memory (within the limit: the caller
-    /// checked). Out of its turn a job's claim fails when the memory is taken, and so does
-    /// this read; in its turn the claim waits (see `memory`).
+    /// Stops counting `bytes` that are no longer held, and gives back their claim (not
+    /// what was reserved ahead).
+    pub(super) fn give_back(&mut self, bytes: u64) {
+        self.bytes = self.bytes.saturating_sub(bytes);
+        self.claim.shrink(self.bytes.max(self.reserved));
+    }
+
+    /// Claims `bytes` in all ahead of counting them (a Parquet footer's estimate, within
+    /// the limit: the caller checked), so that a job short of memory stops before it
+    /// fetches.
     pub(super) fn reserve(&mut self, bytes: u64) -> Result<(), ActivityError> {
+        self.reserved = self.reserved.max(bytes);
+        self.cover(bytes)
+    }
+
+    /// Claims `bytes` in all of the worker's dataset memory. Out of its turn a job's claim
+    /// fails when the memory is taken, and so does this read; in its turn the claim waits
+    /// (see `memory`).
+    fn cover(&mut self, bytes: u64) -> Result<(), ActivityError> {
         if self.claim.cover(bytes) {
             return Ok(());
         }
