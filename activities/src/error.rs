@@ -126,39 +126,17 @@ impl ActivityError {
     /// The same failure with the input it names counted from `first`, not from the start
     /// of one engine call: `embed_dataset` feeds the engine the source in chunks, and its
     /// caller knows the source's rows, not a chunk's positions.
-    pub(crate) fn counted_from(self, first: usize) -> Self {
-        match self {
-            ActivityError::Model(ModelError::TextTooLong {
-                index,
-                tokens,
-                limit,
-                ..
-            }) => ActivityError::Model(ModelError::TextTooLong {
-                field: "source rows",
-                index: first + index,
-                tokens,
-                limit,
-            }),
-            ActivityError::Model(ModelError::NoTokens { index, needs, .. }) => {
-                ActivityError::Model(ModelError::NoTokens {
-                    field: "source rows",
-                    index: first + index,
-                    needs,
-                })
-            }
-            ActivityError::Model(ModelError::NonFiniteOutput {
-                index,
-                precision,
-                cause,
-                ..
-            }) => ActivityError::Model(ModelError::NonFiniteOutput {
-                field: "source rows",
-                index: first + index,
-                precision,
-                cause,
-            }),
-            other => other,
+    pub(crate) fn counted_from(mut self, first: usize) -> Self {
+        if let ActivityError::Model(
+            ModelError::TextTooLong { field, index, .. }
+            | ModelError::NoTokens { field, index, .. }
+            | ModelError::NonFiniteOutput { field, index, .. },
+        ) = &mut self
+        {
+            *field = "source rows";
+            *index += first;
         }
+        self
     }
 
     /// Whether the device ran out of memory, which the runtime learns from.

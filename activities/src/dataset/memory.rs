@@ -91,9 +91,8 @@ impl DatasetMemory {
 /// ends, since it keeps its texts to the end).
 pub(crate) struct Claim {
     memory: DatasetMemory,
+    /// What it holds, a permit a KiB.
     permit: Option<OwnedSemaphorePermit>,
-    /// KiB held.
-    kib: u32,
     /// Bytes the job had reached when the memory was taken, if it was.
     short: Option<u64>,
     /// The job's turn, while it reads in it: then a claim waits for the memory.
@@ -107,7 +106,6 @@ impl Claim {
         Self {
             memory: memory.clone(),
             permit: None,
-            kib: 0,
             short: None,
             turn: None,
             waited: Duration::ZERO,
@@ -119,69 +117,65 @@ impl Claim {
         self.memory.bytes
     }
 
+    /// KiB held.
+    fn kib(&self) -> u32 {
+        self.permit.as_ref().map_or(0, |p| p.num_permits() as u32)
+    }
+
     /// Holds enough for `bytes` in all. Out of turn it never waits: false when other jobs
     /// hold too much, and the caller stops reading. In its turn it waits for the memory,
     /// blocking the thread (readers run on the blocking pool), and `bytes` must be within
-    /// the limit, or it would wait for ever.
+    /// the limit, or it would wait for ever. Either way it is false once the job's
+    /// activity has ended (cancelled, timed out), so that a turn passes on now.
     pub(super) fn cover(&mut self, bytes: u64) -> bool {
-        let want = kib(bytes);
-        if want <= self.kib {
+        let (want, held) = (kib(bytes), self.kib());
+        if want <= held {
             return true;
         }
-        // The job's activity ended (cancelled, timed out) while it reads in its turn: stop
-        // the read, so the turn passes on now.
-        if let Some(turn) = &self.turn {
-            if turn.gone.has_changed().is_err() {
-                self.short = Some(bytes);
-                return false;
-            }
-        }
-        let semaphore = self.memory.kib.clone();
-        let more = match semaphore.clone().try_acquire_many_owned(want - self.kib) {
-            Ok(more) => more,
-            Err(_) if self.turn.is_some() => {
-                let since = Instant::now();
-                let turn = self.turn.as_mut().expect("matched");
-                let got = turn.rt.block_on(async {
-                    tokio::select! {
-                        more = semaphore.acquire_many_owned(want - self.kib) => {
-                            Some(more.expect("the dataset memory's semaphore is never closed"))
-                        }
-                        // The job ended while it waits: not when the memory frees.
-                        _ = turn.gone.changed() => None,
-                    }
-                });
-                self.waited += since.elapsed();
-                match got {
-                    Some(more) => more,
-                    None => {
-                        self.short = Some(bytes);
-                        return false;
-                    }
-                }
-            }
-            Err(_) => {
-                self.short = Some(bytes);
-                return false;
-            }
+        let Some(more) = self.more(want - held) else {
+            self.short = Some(bytes);
+            return false;
         };
         match &mut self.permit {
             Some(p) => p.merge(more),
             None => self.permit = Some(more),
         }
-        self.kib = want;
         true
+    }
+
+    /// `n` KiB more: at once, or in the job's turn once they are free; none if other jobs
+    /// hold them (out of turn) or the job has ended.
+    fn more(&mut self, n: u32) -> Option<OwnedSemaphorePermit> {
+        let semaphore = self.memory.kib.clone();
+        let Some(turn) = &mut self.turn else {
+            return semaphore.try_acquire_many_owned(n).ok();
+        };
+        if turn.gone.has_changed().is_err() {
+            return None;
+        }
+        if let Ok(more) = semaphore.clone().try_acquire_many_owned(n) {
+            return Some(more);
+        }
+        let since = Instant::now();
+        let got = turn.rt.block_on(async {
+            tokio::select! {
+                more = semaphore.acquire_many_owned(n) => {
+                    Some(more.expect("the dataset memory's semaphore is never closed"))
+                }
+                // The job ended while it waits: not when the memory frees.
+                _ = turn.gone.changed() => None,
+            }
+        });
+        self.waited += since.elapsed();
+        got
     }
 
     /// Holds only enough for `bytes` in all, giving the rest back (what a reader held for
     /// a moment).
     pub(super) fn shrink(&mut self, bytes: u64) {
-        let keep = kib(bytes);
-        if keep < self.kib {
-            if let Some(p) = &mut self.permit {
-                drop(p.split((self.kib - keep) as usize));
-            }
-            self.kib = keep;
+        let (keep, held) = (kib(bytes), self.kib());
+        if let (Some(p), true) = (&mut self.permit, keep < held) {
+            drop(p.split((held - keep) as usize));
         }
     }
 
@@ -216,7 +210,6 @@ impl Claim {
     /// dropped).
     pub(crate) async fn take_turn(&mut self, gone: watch::Receiver<()>) {
         self.permit = None;
-        self.kib = 0;
         self.short = None;
         let waiting = Waiting::count(&self.memory.waiting);
         let guard = self.memory.turn.clone().lock_owned().await;

@@ -290,11 +290,11 @@ impl IdsRead {
                 grown(v, room)
             }
             (IdsRead::Int(v), id) => {
-                let mut strings: Vec<String> = v.iter().map(i64::to_string).collect();
+                let strings: Vec<String> = v.iter().map(i64::to_string).collect();
                 // The integers' text, beside the integers until they are dropped here.
                 let texts: u64 = strings.iter().map(|s| s.len() as u64).sum();
                 let bytes = texts + grown(&strings, 0);
-                *self = IdsRead::Str(std::mem::take(&mut strings));
+                *self = IdsRead::Str(strings);
                 bytes + self.push(id)
             }
             (IdsRead::Str(v), id) => {

@@ -107,18 +107,16 @@ impl Read for Whole<'_> {
                             );
                             match reopen(*at) {
                                 Ok(again) => *stream = again,
-                                Err(e) => return Err(kept(failed, uri, e)),
+                                Err(e) => return Err(kept(failed, storage_error(uri, e))),
                             }
                         }
-                        (Some(Err(e)), _) => return Err(kept(failed, uri, e)),
+                        (Some(Err(e)), _) => return Err(kept(failed, storage_error(uri, e))),
                         (None, _) if *at < *size => {
                             let e = ActivityError::StorageUnavailable(format!(
                                 "{}: its body ended at byte {at} of {size}",
                                 quote_uri(uri)
                             ));
-                            let shown = e.to_string();
-                            *failed = Some(e);
-                            return Err(std::io::Error::other(shown));
+                            return Err(kept(failed, e));
                         }
                         (None, _) => return Ok(0),
                     }
@@ -134,9 +132,9 @@ impl Read for Whole<'_> {
 }
 
 /// Keeps `e` as the read's failure, and gives the reader an I/O error that says it.
-fn kept(failed: &mut Option<ActivityError>, uri: &str, e: object_store::Error) -> std::io::Error {
+fn kept(failed: &mut Option<ActivityError>, e: ActivityError) -> std::io::Error {
     let shown = e.to_string();
-    *failed = Some(storage_error(uri, e));
+    *failed = Some(e);
     std::io::Error::other(shown)
 }
 

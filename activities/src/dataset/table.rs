@@ -3,7 +3,7 @@
 //! and the messages that name the column, the row or the URI of a problem: a missing
 //! column, a null, a malformed file, a duplicate id.
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use arrow_array::ArrayRef;
 
@@ -81,9 +81,7 @@ impl Ids {
 
     /// The first id that appears twice, with both rows.
     fn duplicate(&self) -> Option<(String, usize, usize)> {
-        fn first_dup<T: std::hash::Hash + Ord + ToString>(
-            v: &[T],
-        ) -> Option<(String, usize, usize)> {
+        fn first_dup<T: Ord + ToString>(v: &[T]) -> Option<(String, usize, usize)> {
             // Sorted references tell whether any id repeats in [`UNIQUE_BYTES`] a row (a
             // map of every id took about three times that); only an id that does is
             // looked for again, in row order, to name the first repeat and its rows.
@@ -99,15 +97,15 @@ impl Ids {
             if repeated.is_empty() {
                 return None;
             }
-            let mut seen: HashMap<&T, usize> = HashMap::new();
+            // Where each repeated id was first seen, by its place in `repeated`.
+            let mut first: Vec<Option<usize>> = vec![None; repeated.len()];
             for (row, id) in v.iter().enumerate() {
-                if repeated.binary_search(&id).is_err() {
-                    continue;
+                if let Ok(k) = repeated.binary_search(&id) {
+                    match first[k] {
+                        Some(at) => return Some((id.to_string(), at, row)),
+                        None => first[k] = Some(row),
+                    }
                 }
-                if let Some(&first) = seen.get(id) {
-                    return Some((id.to_string(), first, row));
-                }
-                seen.insert(id, row);
             }
             None
         }
