@@ -27,8 +27,8 @@ use crate::{
     kernels::{add_into, qk_norm_rope_row, rope_row, softmax_row, Heads, Keys},
 };
 
-/// Query rows per block: four of the dense kernel's 12-row AVX-512 tiles (eight AVX2
-/// ones); half that under a window. Under a causal mask a block is scored against the keys
+/// Query rows per block: four of the 12-row AVX-512 tiles that attention's 32-column
+/// panels take (six of the dense layers' 8-row ones, eight AVX2 ones); half that under a window. Under a causal mask a block is scored against the keys
 /// up to its last row only: a 256-token row computes 59% of the full square.
 const BLOCK: usize = 48;
 
@@ -119,6 +119,7 @@ pub(crate) fn sequence(
                             rows: m,
                             k: d,
                             w: keys.as_ptr().add(p * d * NR),
+                            width: NR,
                             y: scores.as_mut_ptr().add(p * NR - first),
                             ldy: stride,
                             live: (seen.end - p * NR).min(NR),
@@ -147,6 +148,7 @@ pub(crate) fn sequence(
                             rows: m,
                             k: width,
                             w: values.as_ptr().add((p * len + first) * NR),
+                            width: NR,
                             y: out.as_mut_ptr().add(i0 * h + head * d + p * NR).cast(),
                             ldy: h,
                             live: (d - p * NR).min(NR),

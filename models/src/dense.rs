@@ -5,14 +5,14 @@
 //! the weight's panels again on every call, then a second pass over the output for the
 //! bias. At the few dozen rows of a lone sentence that reached about a third of what the
 //! same cores do on large shapes. Here each weight is laid out once, at load, as panels of
-//! 32 output columns, every panel's inner dimension contiguous: a tile of rows reads its
+//! 48 output columns (AVX-512) or 32 (AVX2), every panel's inner dimension contiguous: a tile of rows reads its
 //! panel as one sequential stream (the hardware prefetcher follows it; the `[in, out]`
 //! rows read in place were a new 4 KiB page every 128 bytes, and measured 2.4x slower
 //! than candle once the weights no longer sat in cache). Sums run over the inner
 //! dimension in order with fused multiply-adds; outputs agree with candle's to rounding.
-//! AVX-512 tiles are 12 rows by the whole panel; AVX2, with half the registers of half the
-//! width, takes each panel as two 16-column halves in tiles of 6 rows (the usual 6×16
-//! AVX2 register tile), on the same packing.
+//! AVX-512 tiles are 8 rows by the whole 48-column panel (12 rows by 32 on attention's
+//! panels); AVX2, with half the registers of half the width, takes each panel as 16-column
+//! parts in tiles of 6 rows (the usual 6×16 AVX2 register tile), on either packing.
 
 use rayon::prelude::*;
 
@@ -78,30 +78,51 @@ impl RowNorm<'_> {
     }
 }
 
-/// Output columns per tile: two 512-bit registers.
+/// Output columns of a panel that attention packs (its Kᵀ and V), and of a dense layer's
+/// on the AVX2 route: two 512-bit registers, four 256-bit ones.
 pub(crate) const NR: usize = 32;
-/// Rows per AVX-512 tile at most: 2 × 12 accumulators, two weight vectors and a broadcast
-/// fit AVX-512's 32 registers.
-const MR: usize = 12;
+/// Output columns of a dense layer's panel on the AVX-512 route: three 512-bit registers,
+/// in tiles of 8 rows ([`avx512_rows`]). Per inner step that is 3 weight loads and 8
+/// broadcasts for 24 FMAs, where 12 rows × 32 columns take 2 and 12 for the same 24, and a
+/// tile's rows take 12 KiB of L1 at k = 384 rather than 18. On the Ice Lake Xeon, against
+/// 12 × 32 in one process, paired runs alternated: MiniLM's and Qwen3's products 1.04-1.15x
+/// (medians of 20 pairs a shape, three runs), whole models 1.11x (MiniLM and
+/// ModernBERT-mini on long passages, Qwen3 on short sentences; benches/RESULTS.md). The
+/// width is the route's at load, so AVX2 CPUs keep 32-column panels and their codegen.
+const WIDE_NR: usize = 48;
 /// How far ahead, in inner-dimension steps (128 bytes each), a tile asks for its panel:
 /// 3 KiB. A model's 24 weights cycle through the cache, so each panel is read from L3 or
 /// memory, and the L1 streamer alone lagged the FMAs; on the Intel Xeon this took the
 /// kernel from 0.78-0.93x to 0.88-1.03x of `gemm` over the model's rotating weights
 /// (anywhere from 16 to 40 steps measured the same).
 const PREFETCH: usize = 24;
-/// Rows one task takes: eight tiles, so each weight panel a task reads from cache serves
-/// them all.
-pub(crate) const ROWS_PER_TASK: usize = 8 * MR;
+/// Rows an AVX-512 tile takes at most, by its panel's `width`: 12 at [`NR`] and 8 at
+/// [`WIDE_NR`], so that the accumulators (24), the weight vectors and a broadcast fit
+/// AVX-512's 32 registers.
+const fn avx512_rows(width: usize) -> usize {
+    if width == WIDE_NR {
+        8
+    } else {
+        12
+    }
+}
+
+/// Rows one task takes: eight tiles of 12 rows or twelve of 8, so each weight panel a task
+/// reads from cache serves them all.
+pub(crate) const ROWS_PER_TASK: usize = 96;
 /// Inner dimensions up to which an AVX-512 task runs tile by tile across a chunk of
 /// panels (tile order), rather than panel by panel across its tiles (panel order). The
 /// intent: a tile's rows (12 × k × 4 bytes: 18 KiB at k = 384) stay in L1 while the
 /// chunk's panels stream from L2, where in panel order the panel (48 KiB at k = 384, all of
 /// L1) would push them out for every tile. That is inferred from the sizes, not counted:
 /// the Xeon measured has no cycle counters. Measured there: +3-9% on long passages (median
-/// 1.06x, run order alternated), level on short sentences (benches/RESULTS.md). Past 512 a tile's rows outgrow L1 (72 KiB at
-/// MiniLM's k = 1,536) and the panel order stays; a tile order over blocks of 512 inputs
-/// measured 1-3% slower. Only 384 and 1,536 were measured, so the cut between them is a
-/// choice. The AVX2 route keeps the panel order: its half-panels (24 KiB) fit L1 beside
+/// 1.06x, run order alternated), level on short sentences (benches/RESULTS.md). Past 512 a
+/// tile's rows outgrow L1 (72 KiB at MiniLM's k = 1,536) and the panel order stays; a tile
+/// order over blocks of 512 inputs measured 1-3% slower. Only 384 and 1,536 were
+/// measured, so the cut between them is a choice. With 8-row tiles of 48 columns it was
+/// measured again on the Ice Lake Xeon (medians of 20 paired products): tile order still
+/// 1.03-1.07x at k = 256 and 384 (0.96-0.98x at MiniLM's 384 × 384), and level (0.98-1.03x)
+/// at k = 768 to 3,072, where 8 rows would now fit L1 up to k = 1,536. The AVX2 route keeps the panel order: its half-panels (24 KiB) fit L1 beside
 /// its 6-row tiles, and the tile order measured 1-3% slower there (capped on the Xeon).
 const TILE_ORDER_MAX_K: usize = 512;
 /// The share of a core's L2 ([`l2_bytes`]) that a chunk of panels takes, so the chunk
@@ -141,24 +162,44 @@ pub(crate) struct PackedLinear {
     /// Inputs (`k`) and outputs (`n`).
     k: usize,
     n: usize,
-    /// `[panel][k][32 columns]`; the last panel's columns past `n` are zeros.
+    /// Columns a panel ([`NR`] or [`WIDE_NR`]: the route's, at load). Either route runs
+    /// either width, so tests can take any route on any packing.
+    width: usize,
+    /// `[panel][k][width columns]`; the last panel's columns past `n` are zeros.
     packed: Vec<f32>,
 }
 
 impl PackedLinear {
-    /// Packs `w`, row-major `[k, n]` (the encoder's `[in, out]`).
+    /// Packs `w`, row-major `[k, n]` (the encoder's `[in, out]`), at the width of the
+    /// route this CPU runs.
     pub(crate) fn new(w: &[f32], k: usize, n: usize) -> Self {
+        let width = if cpu_isa() >= CpuIsa::Avx512 {
+            WIDE_NR
+        } else {
+            NR
+        };
+        Self::with_width(w, k, n, width)
+    }
+
+    /// [`new`](Self::new) in panels of `width` columns, a multiple of 16.
+    fn with_width(w: &[f32], k: usize, n: usize, width: usize) -> Self {
         assert!(n > 0 && k > 0, "an empty layer [{k}, {n}]");
         assert_eq!(w.len(), k * n, "weight is not [{k}, {n}]");
-        let panels = n.div_ceil(NR);
-        let mut packed = vec![0f32; panels * k * NR];
+        assert!(width > 0 && width.is_multiple_of(16), "panels {width} wide");
+        let panels = n.div_ceil(width);
+        let mut packed = vec![0f32; panels * k * width];
         for (i, row) in w.chunks_exact(n).enumerate() {
-            for (p, cols) in row.chunks(NR).enumerate() {
-                let at = (p * k + i) * NR;
+            for (p, cols) in row.chunks(width).enumerate() {
+                let at = (p * k + i) * width;
                 packed[at..at + cols.len()].copy_from_slice(cols);
             }
         }
-        Self { k, n, packed }
+        Self {
+            k,
+            n,
+            width,
+            packed,
+        }
     }
 
     /// Inputs.
@@ -173,11 +214,12 @@ impl PackedLinear {
 
     /// The weight as `[n, k]` rows, one per output (what int8 quantizes from).
     pub(crate) fn rows(&self) -> Vec<f32> {
-        let mut rows = vec![0f32; self.n * self.k];
-        for (c, row) in rows.chunks_exact_mut(self.k).enumerate() {
-            let (p, col) = (c / NR, c % NR);
+        let (k, width) = (self.k, self.width);
+        let mut rows = vec![0f32; self.n * k];
+        for (c, row) in rows.chunks_exact_mut(k).enumerate() {
+            let (p, col) = (c / width, c % width);
             for (i, v) in row.iter_mut().enumerate() {
-                *v = self.packed[(p * self.k + i) * NR + col];
+                *v = self.packed[(p * k + i) * width + col];
             }
         }
         rows
@@ -212,8 +254,9 @@ impl PackedLinear {
     /// of this many panels (one at least, were the L2 smaller than a panel's share), or
     /// panel order (None).
     fn chunk(&self, isa: CpuIsa) -> Option<usize> {
-        (isa >= CpuIsa::Avx512 && self.k <= TILE_ORDER_MAX_K)
-            .then(|| (l2_bytes() / CHUNK_L2_SHARE / (self.k * NR * size_of::<f32>())).max(1))
+        (isa >= CpuIsa::Avx512 && self.k <= TILE_ORDER_MAX_K).then(|| {
+            (l2_bytes() / CHUNK_L2_SHARE / (self.k * self.width * size_of::<f32>())).max(1)
+        })
     }
 
     /// [`forward_on`](Self::forward_on) in panel order (`chunk` None) or in tile order
@@ -243,7 +286,7 @@ impl PackedLinear {
         // Not zeroed first: the tiles write every output.
         let mut y: Vec<f32> = Vec::with_capacity(m * n);
         let out = Dst(y.as_mut_ptr());
-        let panels = n.div_ceil(NR);
+        let panels = n.div_ceil(self.width);
         let row_tasks = m.div_ceil(ROWS_PER_TASK);
         let col_groups = col_groups(row_tasks, panels);
         let per_group = panels.div_ceil(col_groups);
@@ -320,7 +363,7 @@ impl PackedLinear {
         epi: Epilogue,
     ) {
         let chunk = self.chunk(isa);
-        let panels = 0..self.n.div_ceil(NR);
+        let panels = 0..self.n.div_ceil(self.width);
         self.task(panel_fn(isa), x, lda, rows, panels, y, ldy, epi, chunk)
     }
 
@@ -346,19 +389,20 @@ impl PackedLinear {
         epi: Epilogue,
         chunk: Option<usize>,
     ) {
-        let (k, n) = (self.k, self.n);
+        let (k, n, width) = (self.k, self.n, self.width);
         // `count` rows from row `r0` through panel `p`: rows and panels the caller's.
         let product = |r0: usize, count: usize, p: usize| {
-            let c0 = p * NR;
+            let c0 = p * width;
             panel(Panel {
                 x: x.add(r0 * lda),
                 lda,
                 rows: count,
                 k,
-                w: self.packed.as_ptr().add(p * k * NR),
+                w: self.packed.as_ptr().add(p * k * width),
+                width,
                 y: y.add(r0 * ldy + c0),
                 ldy,
-                live: (n - c0).min(NR),
+                live: (n - c0).min(width),
                 c0,
                 epi,
             })
@@ -369,8 +413,9 @@ impl PackedLinear {
             }
             return;
         };
-        // Near-equal tiles, as `panel` would cut them (25 rows are 9 + 8 + 8).
-        let tiles = rows.div_ceil(MR);
+        // Near-equal tiles, as `panel` would cut them (25 rows are 9 + 8 + 8 at 12 a
+        // tile). Only the AVX-512 route takes this order.
+        let tiles = rows.div_ceil(avx512_rows(width));
         for first in group.clone().step_by(per_chunk) {
             let panels = first..first.saturating_add(per_chunk).min(group.end);
             let mut r = 0;
@@ -406,9 +451,9 @@ fn col_groups(row_tasks: usize, panels: usize) -> usize {
 }
 
 /// One product of [`panel`]: `epi(x · w)` for `rows` rows of `x` (row stride `lda`, `k`
-/// inputs each) and one panel `w` (`k` rows of 32 contiguous columns), into the first
-/// `live` ≤ 32 columns of `y` (row stride `ldy`); `c0` is the panel's first output column,
-/// for the epilogue's bias.
+/// inputs each) and one panel `w` (`k` rows of `width` contiguous columns, [`NR`] or
+/// [`WIDE_NR`]), into the first `live` ≤ `width` columns of `y` (row stride `ldy`); `c0` is
+/// the panel's first output column, for the epilogue's bias.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Panel<'a> {
     pub(crate) x: *const f32,
@@ -416,6 +461,7 @@ pub(crate) struct Panel<'a> {
     pub(crate) rows: usize,
     pub(crate) k: usize,
     pub(crate) w: *const f32,
+    pub(crate) width: usize,
     pub(crate) y: *mut f32,
     pub(crate) ldy: usize,
     pub(crate) live: usize,
@@ -427,9 +473,9 @@ pub(crate) struct Panel<'a> {
 /// own panels (attention's Kᵀ and V).
 ///
 /// # Safety
-/// [`runs_here`] holds; `x` is readable at `r·lda + i`, `w` at `i·32 + c` and `y`
-/// writable at `r·ldy + c'`, for every r < rows, i < k, c < 32 and c' < live; `y`
-/// aliases neither.
+/// [`runs_here`] holds; `x` is readable at `r·lda + i`, `w` at `i·width + c` and `y`
+/// writable at `r·ldy + c'`, for every r < rows, i < k, c < width and c' < live; `y`
+/// aliases neither; `width` is [`NR`] or [`WIDE_NR`].
 pub(crate) unsafe fn panel(p: Panel) {
     panel_fn(cpu_isa())(p)
 }
@@ -455,11 +501,12 @@ impl Dst {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Epilogue, Panel, MR, NR, PREFETCH};
+    use super::{avx512_rows, Epilogue, Panel, PREFETCH};
     use crate::isa::avx512_lanes;
 
-    /// [`super::panel`]: the rows in near-equal tiles of at most [`MR`] (25 rows are
-    /// 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache after the first.
+    /// [`super::panel`]: the rows in near-equal tiles of at most [`avx512_rows`] (25 rows
+    /// are 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache after the first.
+    /// A tile takes as many 16-column registers a row as the panel has real columns for.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn panel(p: Panel) {
         let Panel {
@@ -468,69 +515,76 @@ mod avx512 {
             rows,
             k,
             w,
+            width,
             y,
             ldy,
             live,
             c0,
             epi,
         } = p;
-        let masks = (avx512_lanes(live), avx512_lanes(live.saturating_sub(16)));
-        let tiles = rows.div_ceil(MR);
+        let masks = [0, 16, 32].map(|c| avx512_lanes(live.saturating_sub(c)));
+        let vectors = live.div_ceil(16);
+        let tiles = rows.div_ceil(avx512_rows(width));
         let mut r = 0;
         for t in 0..tiles {
             let mr = (rows - r).div_ceil(tiles - t);
             let a = x.add(r * lda);
             let d = y.add(r * ldy);
             macro_rules! tile {
-                ($($r:literal)*) => {
-                    match mr {
-                        $($r => tile::<$r>(a, lda, k, w, ldy, d, masks, c0, epi),)*
-                        _ => unreachable!("a tile of {mr} rows"),
+                ($($v:literal: $($r:literal)*;)*) => {
+                    match (vectors, mr) {
+                        $($(($v, $r) => tile::<$r, $v>(a, lda, k, w, width, ldy, d, masks, c0, epi),)*)*
+                        _ => unreachable!("a tile of {mr} rows by {vectors} registers"),
                     }
                 };
             }
-            tile!(1 2 3 4 5 6 7 8 9 10 11 12);
+            tile! {
+                1: 1 2 3 4 5 6 7 8 9 10 11 12;
+                2: 1 2 3 4 5 6 7 8 9 10 11 12;
+                3: 1 2 3 4 5 6 7 8;
+            }
             r += mr;
         }
     }
 
-    /// One `R`-row by 32-column tile over the whole inner dimension: `x` rows `lda`
-    /// apart, `w` the panel, `k` × 32 contiguous, `y` rows `ldy` apart. The masks cover
-    /// the last panel's real columns (its padding columns are neither read from the bias
-    /// nor stored).
+    /// One `R`-row by `16·V`-column tile over the whole inner dimension: `x` rows `lda`
+    /// apart, `w` the panel, `k` rows of `width` contiguous, `y` rows `ldy` apart. The
+    /// masks cover the panel's real columns (padding columns are neither read from the
+    /// bias nor stored).
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize>(
+    unsafe fn tile<const R: usize, const V: usize>(
         x: *const f32,
         lda: usize,
         k: usize,
         w: *const f32,
+        width: usize,
         ldy: usize,
         y: *mut f32,
-        (m0, m1): (__mmask16, __mmask16),
+        masks: [__mmask16; 3],
         c0: usize,
         epi: Epilogue,
     ) {
-        let mut lo = [_mm512_setzero_ps(); R];
-        let mut hi = [_mm512_setzero_ps(); R];
+        let mut acc = [[_mm512_setzero_ps(); V]; R];
         for i in 0..k {
-            let wp = w.add(i * NR);
-            let w0 = _mm512_loadu_ps(wp);
-            let w1 = _mm512_loadu_ps(wp.add(16));
+            let wp = w.add(i * width);
+            let wv: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(wp.add(16 * v)));
             // `wrapping_add`: near a panel's end this points past the buffer, which a
             // prefetch (a hint, never a fault) may do but `add` may not.
-            let ahead = wp.wrapping_add(PREFETCH * NR) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(ahead);
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
-            for r in 0..R {
+            let ahead = wp.wrapping_add(PREFETCH * width) as *const i8;
+            for v in 0..V {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * v));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
                 let a = _mm512_set1_ps(*x.add(r * lda + i));
-                lo[r] = _mm512_fmadd_ps(a, w0, lo[r]);
-                hi[r] = _mm512_fmadd_ps(a, w1, hi[r]);
+                for (acc, w) in row.iter_mut().zip(wv) {
+                    *acc = _mm512_fmadd_ps(a, w, *acc);
+                }
             }
         }
-        for r in 0..R {
-            for (h, (acc, m)) in [(lo[r], m0), (hi[r], m1)].into_iter().enumerate() {
-                let c = c0 + 16 * h;
+        for (r, row) in acc.into_iter().enumerate() {
+            for (j, acc) in row.into_iter().enumerate() {
+                let (c, m) = (c0 + 16 * j, masks[j]);
                 let v = match epi {
                     Epilogue::None => acc,
                     Epilogue::Bias(b) => {
@@ -547,7 +601,7 @@ mod avx512 {
                         _mm512_loadu_ps(lanes.as_ptr())
                     }
                 };
-                _mm512_mask_storeu_ps(y.add(r * ldy + 16 * h), m, v);
+                _mm512_mask_storeu_ps(y.add(r * ldy + 16 * j), m, v);
             }
         }
     }
@@ -557,14 +611,14 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Epilogue, Panel, NR, PREFETCH};
+    use super::{Epilogue, Panel, PREFETCH};
 
     /// Rows per tile at most: 2 × 6 accumulators, two weight vectors and a broadcast fit
     /// AVX2's 16 registers.
     const MR: usize = 6;
 
-    /// [`super::panel`]: each 16-column half of the panel in turn (a half with no real
-    /// column is skipped), its rows in near-equal tiles of at most [`MR`], each reading
+    /// [`super::panel`]: each 16-column part of the panel in turn (two of a 32-column
+    /// panel, three of a 48-column one; a part with no real column is skipped), its rows in near-equal tiles of at most [`MR`], each reading
     /// the half from cache after the first.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn panel(p: Panel) {
@@ -572,6 +626,7 @@ mod avx2 {
             let left = p.live - 16 * h;
             let half = Half {
                 w: p.w.add(16 * h),
+                width: p.width,
                 live: [left.min(8), left.saturating_sub(8).min(8)],
                 c0: p.c0 + 16 * h,
             };
@@ -595,11 +650,12 @@ mod avx2 {
         }
     }
 
-    /// One 16-column half of a panel: its first weight (row stride [`NR`]), its real
-    /// columns in each of its two 8-lane registers, and its first output column.
+    /// One 16-column part of a panel: its first weight (row stride `width`, the panel's),
+    /// its real columns in each of its two 8-lane registers, and its first output column.
     #[derive(Clone, Copy)]
     struct Half {
         w: *const f32,
+        width: usize,
         live: [usize; 2],
         c0: usize,
     }
@@ -630,12 +686,12 @@ mod avx2 {
         let mut lo = [_mm256_setzero_ps(); R];
         let mut hi = [_mm256_setzero_ps(); R];
         for i in 0..k {
-            let wp = half.w.add(i * NR);
+            let wp = half.w.add(i * half.width);
             let w0 = _mm256_loadu_ps(wp);
             let w1 = _mm256_loadu_ps(wp.add(8));
             // Both ends of the half 3 KiB ahead: unaligned, it may span two lines.
             // `wrapping_add`: a prefetch may point past the buffer, `add` may not.
-            let ahead = wp.wrapping_add(PREFETCH * NR);
+            let ahead = wp.wrapping_add(PREFETCH * half.width);
             _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(15) as *const i8);
             for r in 0..R {
@@ -730,15 +786,18 @@ pub(crate) mod tests {
 
     /// Every shape edge: rows not a multiple of a tile or of a task (and more rows than
     /// one task), outputs not a multiple of a panel or of a register, odd inputs; on
-    /// AVX-512 both task orders (k up to and past [`TILE_ORDER_MAX_K`]).
+    /// AVX-512 both task orders (k up to and past [`TILE_ORDER_MAX_K`]); each panel
+    /// width on each route.
     #[test]
     fn matches_the_product_on_every_edge() {
         for isa in routes() {
-            matches_the_product_on(isa);
+            for width in [NR, WIDE_NR] {
+                matches_the_product_on(isa, width);
+            }
         }
     }
 
-    fn matches_the_product_on(isa: CpuIsa) {
+    fn matches_the_product_on(isa: CpuIsa, width: usize) {
         let mut seed = 11;
         for &(m, k, n) in &[
             (1, 1, 1),
@@ -749,25 +808,29 @@ pub(crate) mod tests {
             (97, 64, 50),
             (200, 384, 1152),
             (200, 1536, 384),
+            (9, 16, 33),
+            (17, 20, 80),
         ] {
             let x = values(m * k, &mut seed);
             let w = values(k * n, &mut seed);
             let want = reference(&x, &w, m, k, n);
-            let got = PackedLinear::new(&w, k, n).forward_on(isa, &x, m, Epilogue::None, None);
+            let l = PackedLinear::with_width(&w, k, n, width);
+            let got = l.forward_on(isa, &x, m, Epilogue::None, None);
             assert_eq!(got.len(), m * n);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 // f32 sums of k products of values in [-1, 1]: rounding grows with k.
                 let tol = 1e-6 * (k as f32).sqrt() * 8.0 + 1e-6;
                 assert!(
                     (g - w).abs() <= tol,
-                    "{isa:?} {m}x{k}x{n} at {i}: {g} vs {w}"
+                    "{isa:?} {m}x{k}x{n} in {width}-column panels at {i}: {g} vs {w}"
                 );
             }
         }
     }
 
-    /// Tile order gives panel order's bits on every route, whatever the chunk: one panel,
-    /// a few, more than a column group holds, and a chunk that does not divide the group.
+    /// Tile order gives panel order's bits on every route and at either panel width,
+    /// whatever the chunk: one panel, a few, more than a column group holds, and a chunk
+    /// that does not divide the group; and either width gives the other's bits.
     /// Shapes span several row tasks with a short last one and a partly filled last panel;
     /// threads are pinned so the column groups, and so the chunks a group splits into, are
     /// the same on any host.
@@ -781,16 +844,20 @@ pub(crate) mod tests {
                     let x = values(m * k, &mut seed);
                     let w = values(k * n, &mut seed);
                     let b = values(n, &mut seed);
-                    let l = PackedLinear::new(&w, k, n);
                     let epi = Epilogue::BiasGelu(&b);
-                    let want = l.forward_in(isa, &x, m, epi, None, None);
-                    for chunk in [1, 2, 3, 10, usize::MAX] {
-                        // The output is not zeroed, and may reuse the last one's memory:
-                        // poison it first, so an output left unwritten cannot pass.
-                        drop(std::hint::black_box(vec![f32::NAN; m * n]));
-                        let got = l.forward_in(isa, &x, m, epi, None, Some(chunk));
-                        let same = same_bits(&got, &want);
-                        assert!(same, "{isa:?} {m}x{k}x{n}, chunks of {chunk}");
+                    let narrow = PackedLinear::with_width(&w, k, n, NR);
+                    let want = narrow.forward_in(isa, &x, m, epi, None, None);
+                    for width in [NR, WIDE_NR] {
+                        let l = PackedLinear::with_width(&w, k, n, width);
+                        for chunk in [None, Some(1), Some(2), Some(3), Some(10), Some(usize::MAX)] {
+                            // The output is not zeroed, and may reuse the last one's
+                            // memory: poison it first, so an output left unwritten cannot
+                            // pass.
+                            drop(std::hint::black_box(vec![f32::NAN; m * n]));
+                            let got = l.forward_in(isa, &x, m, epi, None, chunk);
+                            let same = same_bits(&got, &want);
+                            assert!(same, "{isa:?} {m}x{k}x{n}, {width} wide, chunks {chunk:?}");
+                        }
                     }
                 }
             }
@@ -802,17 +869,19 @@ pub(crate) mod tests {
     #[test]
     fn epilogues_match_the_product_then_bias_and_gelu() {
         for isa in routes() {
-            epilogues_match_on(isa);
+            for width in [NR, WIDE_NR] {
+                epilogues_match_on(isa, width);
+            }
         }
     }
 
-    fn epilogues_match_on(isa: CpuIsa) {
+    fn epilogues_match_on(isa: CpuIsa, width: usize) {
         let (m, k, n) = (14, 24, 45);
         let mut seed = 5;
         let x = values(m * k, &mut seed);
         let w = values(k * n, &mut seed);
         let b = values(n, &mut seed);
-        let l = PackedLinear::new(&w, k, n);
+        let l = PackedLinear::with_width(&w, k, n, width);
         let plain = l.forward_on(isa, &x, m, Epilogue::None, None);
         for epi in [Epilogue::Bias(&b), Epilogue::BiasGelu(&b)] {
             let got = l.forward_on(isa, &x, m, epi, None);
@@ -820,7 +889,7 @@ pub(crate) mod tests {
                 let want = epi.apply(plain[i], i % n);
                 assert!(
                     (g - want).abs() <= 1e-6,
-                    "{isa:?} {epi:?} at {i}: {g} vs {want}"
+                    "{isa:?} {epi:?}, {width} wide, at {i}: {g} vs {want}"
                 );
             }
         }
@@ -866,10 +935,13 @@ pub(crate) mod tests {
     fn rows_are_the_weight_transposed() {
         let (k, n) = (3, 35);
         let w: Vec<f32> = (0..k * n).map(|v| v as f32).collect();
-        let rows = PackedLinear::new(&w, k, n).rows();
-        for c in 0..n {
-            for i in 0..k {
-                assert_eq!(rows[c * k + i], w[i * n + c], "output {c}, input {i}");
+        for width in [NR, WIDE_NR] {
+            let rows = PackedLinear::with_width(&w, k, n, width).rows();
+            for c in 0..n {
+                for i in 0..k {
+                    let want = w[i * n + c];
+                    assert_eq!(rows[c * k + i], want, "{width} wide: output {c}, input {i}");
+                }
             }
         }
     }
