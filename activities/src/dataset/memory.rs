@@ -174,8 +174,10 @@ impl Claim {
     /// a moment).
     pub(super) fn shrink(&mut self, bytes: u64) {
         let (keep, held) = (kib(bytes), self.kib());
-        if let (Some(p), true) = (&mut self.permit, keep < held) {
-            drop(p.split((held - keep) as usize));
+        if keep < held {
+            if let Some(p) = &mut self.permit {
+                drop(p.split((held - keep) as usize));
+            }
         }
     }
 
