@@ -5,10 +5,10 @@
 //! the weight's panels again on every call, then a second pass over the output for the
 //! bias. At the few dozen rows of a lone sentence that reached about a third of what the
 //! same cores do on large shapes. Here each weight is laid out once, at load, as panels of
-//! 48 output columns (AVX-512) or 32 (AVX2), every panel's inner dimension contiguous: a tile of rows reads its
-//! panel as one sequential stream (the hardware prefetcher follows it; the `[in, out]`
-//! rows read in place were a new 4 KiB page every 128 bytes, and measured 2.4x slower
-//! than candle once the weights no longer sat in cache). Sums run over the inner
+//! 48 output columns (AVX-512) or 32 (AVX2), every panel's inner dimension contiguous: a
+//! tile of rows reads its panel as one sequential stream (the hardware prefetcher follows
+//! it; the `[in, out]` rows read in place were a new 4 KiB page every 128 bytes, and
+//! measured 2.4x slower than candle once the weights no longer sat in cache). Sums run over the inner
 //! dimension in order with fused multiply-adds; outputs agree with candle's to rounding.
 //! AVX-512 tiles are 8 rows by the whole 48-column panel (12 rows by 32 on attention's
 //! panels); AVX2, with half the registers of half the width, takes each panel as 16-column
@@ -90,8 +90,8 @@ pub(crate) const NR: usize = 32;
 /// ModernBERT-mini on long passages, Qwen3 on short sentences; benches/RESULTS.md). The
 /// width is the route's at load, so AVX2 CPUs keep 32-column panels and their codegen.
 const WIDE_NR: usize = 48;
-/// How far ahead, in inner-dimension steps (128 bytes each), a tile asks for its panel:
-/// 3 KiB. A model's 24 weights cycle through the cache, so each panel is read from L3 or
+/// How far ahead, in inner-dimension steps (a panel's row: 128 bytes at 32 columns, 192 at
+/// 48), a tile asks for its panel: 3 KiB, or 4.5 KiB at 48 (not tuned apart). A model's 24 weights cycle through the cache, so each panel is read from L3 or
 /// memory, and the L1 streamer alone lagged the FMAs; on the Intel Xeon this took the
 /// kernel from 0.78-0.93x to 0.88-1.03x of `gemm` over the model's rotating weights
 /// (anywhere from 16 to 40 steps measured the same).
@@ -122,8 +122,9 @@ pub(crate) const ROWS_PER_TASK: usize = 96;
 /// measured, so the cut between them is a choice. With 8-row tiles of 48 columns it was
 /// measured again on the Ice Lake Xeon (medians of 20 paired products): tile order still
 /// 1.03-1.07x at k = 256 and 384 (0.96-0.98x at MiniLM's 384 × 384), and level (0.98-1.03x)
-/// at k = 768 to 3,072, where 8 rows would now fit L1 up to k = 1,536. The AVX2 route keeps the panel order: its half-panels (24 KiB) fit L1 beside
-/// its 6-row tiles, and the tile order measured 1-3% slower there (capped on the Xeon).
+/// at k = 768 to 3,072, where 8 rows would now fit L1 up to k = 1,536. The AVX2 route
+/// keeps the panel order: its half-panels (24 KiB) fit L1 beside its 6-row tiles, and the
+/// tile order measured 1-3% slower there (capped on the Xeon).
 const TILE_ORDER_MAX_K: usize = 512;
 /// The share of a core's L2 ([`l2_bytes`]) that a chunk of panels takes, so the chunk
 /// stays in L2 for all of a task's tiles: a quarter, 512 KiB on the Xeon measured (2 MiB
@@ -505,7 +506,7 @@ mod avx512 {
     use crate::isa::avx512_lanes;
 
     /// [`super::panel`]: the rows in near-equal tiles of at most [`avx512_rows`] (25 rows
-    /// are 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache after the first.
+    /// at 12 a tile are 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache after the first.
     /// A tile takes as many 16-column registers a row as the panel has real columns for.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn panel(p: Panel) {
@@ -618,8 +619,9 @@ mod avx2 {
     const MR: usize = 6;
 
     /// [`super::panel`]: each 16-column part of the panel in turn (two of a 32-column
-    /// panel, three of a 48-column one; a part with no real column is skipped), its rows in near-equal tiles of at most [`MR`], each reading
-    /// the half from cache after the first.
+    /// panel, three of a 48-column one; a part with no real column is skipped), its rows
+    /// in near-equal tiles of at most [`MR`], each reading the part from cache after the
+    /// first.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn panel(p: Panel) {
         for h in 0..p.live.div_ceil(16) {
