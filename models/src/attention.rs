@@ -28,8 +28,9 @@ use crate::{
 };
 
 /// Query rows per block: four of the 12-row AVX-512 tiles that attention's 32-column
-/// panels take (six of the dense layers' 8-row ones, eight AVX2 ones); half that under a window. Under a causal mask a block is scored against the keys
-/// up to its last row only: a 256-token row computes 59% of the full square.
+/// panels take (six of the dense layers' 8-row ones, eight AVX2 ones); half that under a
+/// window. Under a causal mask a block is scored against the keys up to its last row
+/// only: a 256-token row computes 59% of the full square.
 const BLOCK: usize = 48;
 
 /// What one thread reuses from sequence to sequence: one K/V head's packed Kᵀ and V, and
