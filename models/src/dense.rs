@@ -626,7 +626,7 @@ mod avx2 {
     pub(super) unsafe fn panel(p: Panel) {
         for h in 0..p.live.div_ceil(16) {
             let left = p.live - 16 * h;
-            let half = Half {
+            let part = Part {
                 w: p.w.add(16 * h),
                 width: p.width,
                 live: [left.min(8), left.saturating_sub(8).min(8)],
@@ -641,7 +641,7 @@ mod avx2 {
                 macro_rules! tile {
                     ($($r:literal)*) => {
                         match mr {
-                            $($r => tile::<$r>(a, p.lda, p.k, p.ldy, d, half, p.epi),)*
+                            $($r => tile::<$r>(a, p.lda, p.k, p.ldy, d, part, p.epi),)*
                             _ => unreachable!("a tile of {mr} rows"),
                         }
                     };
@@ -655,7 +655,7 @@ mod avx2 {
     /// One 16-column part of a panel: its first weight (row stride `width`, the panel's),
     /// its real columns in each of its two 8-lane registers, and its first output column.
     #[derive(Clone, Copy)]
-    struct Half {
+    struct Part {
         w: *const f32,
         width: usize,
         live: [usize; 2],
@@ -682,18 +682,18 @@ mod avx2 {
         k: usize,
         ldy: usize,
         y: *mut f32,
-        half: Half,
+        part: Part,
         epi: Epilogue,
     ) {
         let mut lo = [_mm256_setzero_ps(); R];
         let mut hi = [_mm256_setzero_ps(); R];
         for i in 0..k {
-            let wp = half.w.add(i * half.width);
+            let wp = part.w.add(i * part.width);
             let w0 = _mm256_loadu_ps(wp);
             let w1 = _mm256_loadu_ps(wp.add(8));
-            // Both ends of the half 3 KiB ahead: unaligned, it may span two lines.
+            // Both ends of the part PREFETCH steps ahead: unaligned, it may span two lines.
             // `wrapping_add`: a prefetch may point past the buffer, `add` may not.
-            let ahead = wp.wrapping_add(PREFETCH * half.width);
+            let ahead = wp.wrapping_add(PREFETCH * part.width);
             _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(15) as *const i8);
             for r in 0..R {
@@ -704,12 +704,12 @@ mod avx2 {
         }
         for r in 0..R {
             for (j, acc) in [lo[r], hi[r]].into_iter().enumerate() {
-                let live = half.live[j];
+                let live = part.live[j];
                 if live == 0 {
                     continue;
                 }
                 let m = crate::isa::avx2_lanes(live);
-                let c = half.c0 + 8 * j;
+                let c = part.c0 + 8 * j;
                 let v = match epi {
                     Epilogue::None => acc,
                     Epilogue::Bias(b) => _mm256_add_ps(acc, load(b.as_ptr().add(c), live, m)),
