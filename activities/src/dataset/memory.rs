@@ -97,6 +97,11 @@ pub(crate) struct Claim {
     short: Option<u64>,
     /// The job's turn, while it reads in it: then a claim waits for the memory.
     turn: Option<Turn>,
+    /// Closes (its sender drops) once the job's activity has ended (cancelled, timed out)
+    /// while it reads. Its claims then fail: a read out of turn stops at its next count
+    /// instead of reading on to its end on the blocking pool, and one in its turn stops
+    /// waiting and passes the turn on.
+    gone: Option<watch::Receiver<()>>,
     /// How long claims waited for the memory in this turn.
     waited: Duration,
 }
@@ -108,8 +113,19 @@ impl Claim {
             permit: None,
             short: None,
             turn: None,
+            gone: None,
             waited: Duration::ZERO,
         }
+    }
+
+    /// Watches the job's activity while it reads: once `gone` closes, every claim fails.
+    pub(crate) fn watch(&mut self, gone: watch::Receiver<()>) {
+        self.gone = Some(gone);
+    }
+
+    /// Whether the activity it watches has ended.
+    fn ended(&self) -> bool {
+        self.gone.as_ref().is_some_and(|g| g.has_changed().is_err())
     }
 
     /// The most one job may hold: all of the worker's dataset memory.
@@ -126,8 +142,12 @@ impl Claim {
     /// hold too much, and the caller stops reading. In its turn it waits for the memory,
     /// blocking the thread (readers run on the blocking pool), and `bytes` must be within
     /// the limit, or it would wait for ever. Either way it is false once the job's
-    /// activity has ended (cancelled, timed out), so that a turn passes on now.
+    /// activity has ended (cancelled, timed out; [`Claim::watch`]), even within what it
+    /// holds, so that the read stops and a turn passes on now.
     pub(super) fn cover(&mut self, bytes: u64) -> bool {
+        if self.ended() {
+            return false;
+        }
         let (want, held) = (kib(bytes), self.kib());
         if want <= held {
             return true;
@@ -144,15 +164,12 @@ impl Claim {
     }
 
     /// `n` KiB more: at once, or in the job's turn once they are free; none if other jobs
-    /// hold them (out of turn) or the job has ended.
+    /// hold them (out of turn) or the job ends while it waits.
     fn more(&mut self, n: u32) -> Option<OwnedSemaphorePermit> {
         let semaphore = self.memory.kib.clone();
-        let Some(turn) = &mut self.turn else {
+        let (Some(turn), Some(gone)) = (&self.turn, &mut self.gone) else {
             return semaphore.try_acquire_many_owned(n).ok();
         };
-        if turn.gone.has_changed().is_err() {
-            return None;
-        }
         if let Ok(more) = semaphore.clone().try_acquire_many_owned(n) {
             return Some(more);
         }
@@ -163,7 +180,7 @@ impl Claim {
                     Some(more.expect("the dataset memory's semaphore is never closed"))
                 }
                 // The job ended while it waits: not when the memory frees.
-                _ = turn.gone.changed() => None,
+                _ = gone.changed() => None,
             }
         });
         self.waited += since.elapsed();
@@ -209,23 +226,26 @@ impl Claim {
     /// Gives back all it holds, then waits for the job's turn, counted as waiting until
     /// the turn ends: newcomers get in line rather than take the memory it gave back. The
     /// turn's claims stop waiting once `gone` tells them the job has ended (its sender is
-    /// dropped).
+    /// dropped; [`Claim::watch`]).
     pub(crate) async fn take_turn(&mut self, gone: watch::Receiver<()>) {
         self.permit = None;
         self.short = None;
+        self.gone = Some(gone);
         let waiting = Waiting::count(&self.memory.waiting);
         let guard = self.memory.turn.clone().lock_owned().await;
         self.turn = Some(Turn {
             _waiting: waiting,
             _guard: guard,
             rt: Handle::current(),
-            gone,
         });
     }
 
-    /// Ends the job's turn, keeping what it holds; gives how long its claims waited.
+    /// Ends the job's read: its turn, if it had one, and its watch on the activity (so a
+    /// claim that outlives the read only holds); keeps what it holds. Gives how long its
+    /// claims waited in the turn.
     pub(crate) fn end_turn(&mut self) -> Duration {
         self.turn = None;
+        self.gone = None;
         std::mem::take(&mut self.waited)
     }
 }
@@ -254,8 +274,6 @@ struct Turn {
     _guard: OwnedMutexGuard<()>,
     /// The runtime the claims wait on, from the blocking pool.
     rt: Handle,
-    /// Changes (closes) when the job has ended.
-    gone: watch::Receiver<()>,
 }
 
 #[cfg(test)]
@@ -381,18 +399,36 @@ mod tests {
         assert!(c.cover(10 * 1024));
     }
 
-    /// A job that ended while it reads in its turn stops at its next claim even when the
-    /// memory is there: the turn passes on before the job would have read its whole source.
+    /// A job that ended while it reads stops at its next claim, in its turn or out of it,
+    /// even where the memory is there or the claim is within what it holds: the turn
+    /// passes on, and a read out of turn stops, before the job would have read its whole
+    /// source. It is not short of memory, so it does not wait for a turn. Once its read
+    /// has ended, the claim holds what it held.
     #[tokio::test]
-    async fn a_job_that_ends_while_it_reads_in_turn_stops_at_its_next_claim() {
-        let memory = DatasetMemory::new(10 * 1024);
-        let (alive, gone) = watch::channel(());
-        let mut a = Claim::new(&memory);
-        a.take_turn(gone).await;
-        assert!(a.cover(2 * 1024));
-        drop(alive);
-        assert!(!a.cover(3 * 1024));
-        assert_eq!(a.short(), Some(3 * 1024));
+    async fn a_job_that_ends_while_it_reads_stops_at_its_next_claim() {
+        for in_turn in [false, true] {
+            let memory = DatasetMemory::new(10 * 1024);
+            let (alive, gone) = watch::channel(());
+            let mut a = Claim::new(&memory);
+            if in_turn {
+                a.take_turn(gone).await;
+            } else {
+                a.watch(gone);
+            }
+            assert!(a.cover(2 * 1024));
+            drop(alive);
+            assert!(
+                !a.cover(2 * 1024),
+                "in turn {in_turn}: within what it holds"
+            );
+            assert!(!a.cover(3 * 1024), "in turn {in_turn}");
+            assert_eq!(a.short(), None, "in turn {in_turn}");
+            assert_eq!(memory.held(), 2 * 1024);
+            a.end_turn();
+            assert!(a.cover(2 * 1024), "in turn {in_turn}: after its read");
+            drop(a);
+            assert_eq!(memory.held(), 0);
+        }
     }
 
     /// A job that got in line behind a waiting one passes the turn on as soon as it gets

@@ -46,8 +46,10 @@ pub(crate) async fn load(
 ) -> Result<(Table, Claim), ActivityError> {
     let mut claim = Claim::new(source.memory);
     // Dropped with this future when the activity ends early (cancelled, timed out), which
-    // tells a read waiting in its turn to stop waiting and pass the turn on.
+    // stops the read at its next claim (it runs on the blocking pool, which the drop does
+    // not stop) and tells a read waiting in its turn to stop waiting and pass the turn on.
     let (_alive, gone) = tokio::sync::watch::channel(());
+    claim.watch(gone.clone());
     // How long the job waited (in line, for its turn), once it has.
     let mut waiting = None;
     if claim.others_waiting() {
@@ -67,9 +69,10 @@ pub(crate) async fn load(
                 waiting = Some(waiting.unwrap_or_default() + since.elapsed());
             }
             _ => {
+                let in_turn = claim.end_turn();
                 if let Some(before) = waiting {
                     // The waits before reading, and the turn's claims' waits for memory.
-                    let waited = before + claim.end_turn();
+                    let waited = before + in_turn;
                     if let Some(o) = source.observer {
                         o.memory_wait(waited.as_secs_f64());
                     }
@@ -398,6 +401,85 @@ mod tests {
         assert!(!probe.others_waiting());
         assert_eq!(memory.held(), 150 * 1024);
         drop(other);
+    }
+
+    /// A job whose activity ends while it reads out of turn (the worker drops its future;
+    /// the read itself goes on on the blocking pool) stops at its next claim, and gives
+    /// back what it held: it claims none of its texts. It used to read them all to the
+    /// end, holding its claim.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_dropped_while_it_reads_stops_at_its_next_claim() {
+        use std::sync::{mpsc, Arc, Mutex};
+        use std::time::Duration;
+        for (name, format, bytes) in [
+            ("d.jsonl", Format::JsonLines, lines(100_000, "a")),
+            (
+                "d.parquet",
+                Format::Parquet,
+                parquet::tests::file(100_000, 5000, None).to_vec(),
+            ),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let at = Arc::new(local(dir.path(), name, &bytes));
+            let memory = DatasetMemory::new(u64::MAX);
+            // `span_of` runs between the ids and the texts, on the blocking pool: it
+            // holds the read there until the test has dropped the job.
+            let (reached, at_span) = mpsc::channel();
+            let (go, wait) = mpsc::channel::<()>();
+            let wait = Arc::new(Mutex::new(wait));
+            let span_of = move |n| {
+                let _ = reached.send(());
+                let _ = wait.lock().unwrap().recv();
+                all(n)
+            };
+            let job = {
+                let (at, memory) = (at.clone(), memory.clone());
+                tokio::spawn(async move { read_in(&at, format, &memory, None, span_of).await })
+            };
+            tokio::task::spawn_blocking(move || at_span.recv_timeout(Duration::from_secs(10)))
+                .await
+                .unwrap()
+                .unwrap_or_else(|_| panic!("{name}: the read never reached its span"));
+            let before = memory.held();
+            job.abort();
+            assert!(
+                matches!(job.await, Err(e) if e.is_cancelled()),
+                "{name}: the job ended before it was dropped"
+            );
+            // The most the memory holds from here until the read has ended: the read holds
+            // a clone of the store's handle (this test's `at` holds the other) until then.
+            let peak = {
+                let (memory, at) = (memory.clone(), at.clone());
+                std::thread::spawn(move || {
+                    let (mut peak, since) = (0, std::time::Instant::now());
+                    while since.elapsed() < Duration::from_secs(10) {
+                        let reading = Arc::strong_count(&at.store) > 1;
+                        peak = peak.max(memory.held());
+                        if !reading {
+                            return Some(peak);
+                        }
+                    }
+                    None
+                })
+            };
+            go.send(()).unwrap();
+            let peak = tokio::task::spawn_blocking(move || peak.join().unwrap())
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("{name}: the dropped read went on for 10 s"));
+            // The claim goes back just after the read's end.
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while memory.held() > 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{name}: the dropped read kept its claim"));
+            assert!(
+                peak <= before,
+                "{name}: the dropped read claimed on, to {peak} bytes from {before}"
+            );
+        }
     }
 
     /// A JSON Lines job's ids are claimed as its first pass reads them, not after it: jobs
