@@ -297,13 +297,14 @@ impl<'a> Held<'a> {
 
     /// Claims `bytes` in all of the worker's dataset memory. Out of its turn a job's claim
     /// fails when the memory is taken, and so does this read; in its turn the claim waits
-    /// (see `memory`).
+    /// (see `memory`). Either way it fails once the job's activity has ended.
     fn cover(&mut self, bytes: u64) -> Result<(), ActivityError> {
         if self.claim.cover(bytes) {
             return Ok(());
         }
-        // `load` sees the claim short, waits for the job's turn and reads again; this error
-        // only stops the read.
+        // `load` sees the claim short, waits for the job's turn and reads again; or the
+        // job's activity has ended, and no one is left to read it. This error only stops
+        // the read.
         Err(ActivityError::Internal(
             "the worker's other embed_dataset jobs hold its dataset memory".to_owned(),
         ))
