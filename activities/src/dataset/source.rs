@@ -296,6 +296,19 @@ mod tests {
         load(source, span_of).await
     }
 
+    /// A JSON Lines file and a Parquet file (row groups of 5,000) of `n` rows each, named
+    /// for their formats.
+    fn both_formats(n: usize) -> [(&'static str, Format, Vec<u8>); 2] {
+        [
+            ("d.jsonl", Format::JsonLines, lines(n, "a")),
+            (
+                "d.parquet",
+                Format::Parquet,
+                parquet::tests::file(n, 5000, None).to_vec(),
+            ),
+        ]
+    }
+
     /// JSON Lines of `n` rows.
     fn lines(n: usize, tag: &str) -> Vec<u8> {
         (0..n)
@@ -411,14 +424,7 @@ mod tests {
     async fn a_job_dropped_while_it_reads_stops_at_its_next_claim() {
         use std::sync::{mpsc, Arc, Mutex};
         use std::time::Duration;
-        for (name, format, bytes) in [
-            ("d.jsonl", Format::JsonLines, lines(100_000, "a")),
-            (
-                "d.parquet",
-                Format::Parquet,
-                parquet::tests::file(100_000, 5000, None).to_vec(),
-            ),
-        ] {
+        for (name, format, bytes) in both_formats(100_000) {
             let dir = tempfile::tempdir().unwrap();
             let at = Arc::new(local(dir.path(), name, &bytes));
             let memory = DatasetMemory::new(u64::MAX);
@@ -533,14 +539,7 @@ mod tests {
     /// time).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn jobs_short_of_memory_read_their_source_again_once() {
-        for (name, format, bytes) in [
-            ("d.jsonl", Format::JsonLines, lines(40_000, "a")),
-            (
-                "d.parquet",
-                Format::Parquet,
-                parquet::tests::file(40_000, 5000, None).to_vec(),
-            ),
-        ] {
+        for (name, format, bytes) in both_formats(40_000) {
             let dir = tempfile::tempdir().unwrap();
             let at = std::sync::Arc::new(local(dir.path(), name, &bytes));
             let unbounded = DatasetMemory::new(u64::MAX);
