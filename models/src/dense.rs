@@ -8,8 +8,9 @@
 //! 48 output columns (AVX-512) or 32 (AVX2), every panel's inner dimension contiguous: a
 //! tile of rows reads its panel as one sequential stream (the hardware prefetcher follows
 //! it; the `[in, out]` rows read in place were a new 4 KiB page every 128 bytes, and
-//! measured 2.4x slower than candle once the weights no longer sat in cache). Sums run over the inner
-//! dimension in order with fused multiply-adds; outputs agree with candle's to rounding.
+//! measured 2.4x slower than candle once the weights no longer sat in cache). Sums run
+//! over the inner dimension in order with fused multiply-adds; outputs agree with
+//! candle's to rounding.
 //! AVX-512 tiles are 8 rows by the whole 48-column panel (12 rows by 32 on attention's
 //! panels); AVX2, with half the registers of half the width, takes each panel as 16-column
 //! parts in tiles of 6 rows (the usual 6×16 AVX2 register tile), on either packing.
@@ -91,10 +92,11 @@ pub(crate) const NR: usize = 32;
 /// width is the route's at load, so AVX2 CPUs keep 32-column panels and their codegen.
 const WIDE_NR: usize = 48;
 /// How far ahead, in inner-dimension steps (a panel's row: 128 bytes at 32 columns, 192 at
-/// 48), a tile asks for its panel: 3 KiB, or 4.5 KiB at 48 (not tuned apart). A model's 24 weights cycle through the cache, so each panel is read from L3 or
-/// memory, and the L1 streamer alone lagged the FMAs; on the Intel Xeon this took the
-/// kernel from 0.78-0.93x to 0.88-1.03x of `gemm` over the model's rotating weights
-/// (anywhere from 16 to 40 steps measured the same).
+/// 48), a tile asks for its panel: 3 KiB, or 4.5 KiB at 48 (not tuned apart). A model's
+/// 24 weights cycle through the cache, so each panel is read from L3 or memory, and the
+/// L1 streamer alone lagged the FMAs; on the Intel Xeon this took the kernel from
+/// 0.78-0.93x to 0.88-1.03x of `gemm` over the model's rotating weights (anywhere from 16
+/// to 40 steps measured the same).
 const PREFETCH: usize = 24;
 /// Rows an AVX-512 tile takes at most, by its panel's `width`: 12 at [`NR`] and 8 at
 /// [`WIDE_NR`], so that the accumulators (24), the weight vectors and a broadcast fit
@@ -506,8 +508,9 @@ mod avx512 {
     use crate::isa::avx512_lanes;
 
     /// [`super::panel`]: the rows in near-equal tiles of at most [`avx512_rows`] (25 rows
-    /// at 12 a tile are 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache after the first.
-    /// A tile takes as many 16-column registers a row as the panel has real columns for.
+    /// at 12 a tile are 9 + 8 + 8, not 12 + 12 + 1), each reading the panel from cache
+    /// after the first. A tile takes as many 16-column registers a row as the panel has
+    /// real columns for.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn panel(p: Panel) {
         let Panel {
