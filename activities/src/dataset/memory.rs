@@ -243,7 +243,7 @@ impl Claim {
     /// Ends the job's read: its turn, if it had one, and its watch on the activity (so a
     /// claim that outlives the read only holds); keeps what it holds. Gives how long its
     /// claims waited in the turn.
-    pub(crate) fn end_turn(&mut self) -> Duration {
+    pub(crate) fn end_read(&mut self) -> Duration {
         self.turn = None;
         self.gone = None;
         std::mem::take(&mut self.waited)
@@ -327,7 +327,7 @@ mod tests {
         drop(a);
         let mut b = b.await.unwrap();
         assert_eq!(memory.held(), 8 * 1024);
-        assert!(b.end_turn() >= Duration::from_millis(150));
+        assert!(b.end_read() >= Duration::from_millis(150));
         assert!(!b.in_turn());
         drop(b);
         assert_eq!(memory.held(), 0);
@@ -361,10 +361,10 @@ mod tests {
             "the job waiting for its turn still held memory"
         );
         assert!(a.cover(10 * 1024), "the turn's claim got all the memory");
-        a.end_turn();
+        a.end_read();
         let mut b = b.await.unwrap();
         assert!(b.in_turn());
-        b.end_turn();
+        b.end_read();
         drop(a);
         assert_eq!(memory.held(), 0);
     }
@@ -424,7 +424,7 @@ mod tests {
             assert!(!a.cover(3 * 1024), "in turn {in_turn}");
             assert_eq!(a.short(), None, "in turn {in_turn}");
             assert_eq!(memory.held(), 2 * 1024);
-            a.end_turn();
+            a.end_read();
             assert!(a.cover(2 * 1024), "in turn {in_turn}: after its read");
             drop(a);
             assert_eq!(memory.held(), 0);
@@ -449,7 +449,7 @@ mod tests {
             !b.is_finished() && !c.is_finished(),
             "the line did not wait for the turn"
         );
-        a.end_turn();
+        a.end_read();
         tokio::time::timeout(Duration::from_secs(1), async {
             b.await.unwrap();
             c.await.unwrap();

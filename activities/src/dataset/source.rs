@@ -69,7 +69,7 @@ pub(crate) async fn load(
                 waiting = Some(waiting.unwrap_or_default() + since.elapsed());
             }
             _ => {
-                let in_turn = claim.end_turn();
+                let in_turn = claim.end_read();
                 if let Some(before) = waiting {
                     // The waits before reading, and the turn's claims' waits for memory.
                     let waited = before + in_turn;
@@ -410,7 +410,7 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(10), probe.take_turn(gone))
             .await
             .expect("the dropped job kept its turn");
-        probe.end_turn();
+        probe.end_read();
         assert!(!probe.others_waiting());
         assert_eq!(memory.held(), 150 * 1024);
         drop(other);
