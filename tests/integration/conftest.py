@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -92,12 +93,14 @@ class S3:
     """A standalone S3-compatible server (moto's, from PyPI) on 127.0.0.1 with one bucket.
 
     `env()` is what a gpulane process needs to reach it (the standard AWS variables);
-    `client` is a boto3 client for the test's own reads and writes."""
+    `client` is a boto3 client for the test's own reads and writes; `requests(method, key)`
+    counts what the server logged of one object, so a test can see how far a read went."""
 
-    def __init__(self, endpoint, bucket, client):
+    def __init__(self, endpoint, bucket, client, log_path=None):
         self.endpoint = endpoint
         self.bucket = bucket
         self.client = client
+        self.log_path = log_path
 
     def env(self) -> dict:
         return {
@@ -110,6 +113,12 @@ class S3:
 
     def uri(self, key: str = "") -> str:
         return f"s3://{self.bucket}/{key}"
+
+    def requests(self, method: str, key: str) -> int:
+        """How many `method` requests for `key` the server has logged (werkzeug logs one
+        line a request as it answers it, colouring some with terminal escapes)."""
+        log = re.sub(r"\x1b\[[0-9;]*m", "", self.log_path.read_text(errors="replace"))
+        return log.count(f'"{method} /{self.bucket}/{key} ')
 
     def keys(self, prefix: str = "") -> list:
         """Every key under prefix, sorted."""
@@ -128,7 +137,8 @@ def s3(tmp_path_factory):
     from botocore.config import Config
 
     port = free_port()
-    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    log_path = tmp_path_factory.mktemp("moto") / "moto.log"
+    log = open(log_path, "w")
     proc = subprocess.Popen(
         [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
         stdout=log, stderr=subprocess.STDOUT,
@@ -136,7 +146,7 @@ def s3(tmp_path_factory):
     try:
         wait_port(port, time.monotonic() + 60)
         endpoint = f"http://127.0.0.1:{port}"
-        s = S3(endpoint, "gpulane-test", None)
+        s = S3(endpoint, "gpulane-test", None, log_path)
         env = s.env()
         s.client = boto3.client(
             "s3", endpoint_url=endpoint, region_name=env["AWS_REGION"],

@@ -666,3 +666,69 @@ def test_h_a_cancelled_job_stops_and_keeps_the_parts_it_wrote(temporal_address, 
     assert len(out) == part_rows * len(parts)
     # The worker serves on.
     assert run_wf(temporal_address, "EmbedOn", "cpu-tools", {"texts": ["after the cancel"]})["embeddings"]
+
+
+def test_h_a_job_cancelled_while_it_reads_its_source_stops_reading(temporal_address, gpulane, s3):
+    """The read runs on the blocking pool, which the cancelled activity's drop does not
+    stop: it must stop itself at its next claim of dataset memory, not read on to the end
+    of the source holding its share of --max-dataset-bytes. A Parquet file of many small
+    row groups on S3 makes the read long (one fetch a row group's ids, then one a row
+    group's texts), and moto's request log shows how far it went."""
+    row_groups, per_group = 3000, 10
+    root = S3Prefix(s3, new_prefix())
+    n = row_groups * per_group
+    uri = root.put("data/many-groups.parquet",
+                   encode("parquet", list(range(n)), texts(n), row_group_size=per_group))
+    key = root.prefix + "data/many-groups.parquet"
+    g = gpulane("--model", str(minilm_dir()), "--gpus", "none", "--data-root", root.root_uri, env=s3.env())
+    request = {"source": uri, "id_column": "id", "text_column": "text", "output": root.uri("out/")}
+
+    def held():
+        return metric_sum(g.metrics(), "gpulane_dataset_memory_held_bytes")
+
+    def running():
+        return sum(l["running"] for l in g.status("--no-backlog")["lanes"])
+
+    async def go():
+        async with workflow_env(temporal_address) as (client, wf_queue):
+            handle = await start_dataset_job(client, wf_queue, request, 2, "cancel-read", 3)
+            deadline = time.monotonic() + 60
+            # Under way: past the footer, into the row groups, and holding memory.
+            while s3.requests("GET", key) < 20 or held() == 0:
+                assert time.monotonic() < deadline, await pending_report(handle)
+                await asyncio.sleep(0.1)
+            at_cancel = s3.requests("GET", key)
+            await handle.cancel()
+            cancelled_at = time.monotonic()
+            try:
+                await handle.result()
+                raise AssertionError("the workflow was not cancelled")
+            except WorkflowFailureError:
+                pass
+            # The worker hears of it at its next heartbeat; the read stops at its next claim
+            # and gives back what it held.
+            while running() > 0 or held() > 0:
+                assert time.monotonic() - cancelled_at < 15, (
+                    f"still running or holding {held()} bytes, {s3.requests('GET', key)} fetches"
+                    f"{logs_of([g])}")
+                await asyncio.sleep(0.1)
+            return at_cancel, time.monotonic() - cancelled_at
+
+    at_cancel, stopped_after = asyncio.run(go())
+    stopped_at = s3.requests("GET", key)
+    time.sleep(3)
+    after = s3.requests("GET", key)
+    print(f"\n[h] fetches of the source: {at_cancel} at the cancel, {stopped_at} when the job had "
+          f"stopped ({stopped_after:.1f} s later), {after} 3 s after; a whole read takes over "
+          f"{2 * row_groups}")
+    assert after == stopped_at, "the read went on after the job stopped"
+    # Had the read gone on to the end, it would have fetched every row group's ids and
+    # texts before giving its memory back.
+    assert stopped_at < row_groups, (
+        f"{stopped_at} fetches: the read got through the ids of {row_groups} row groups "
+        f"(over {2 * row_groups} fetches in all) before it stopped"
+        + ("" if at_cancel < row_groups // 2 else
+           f"; it had made {at_cancel} at the cancel: make the source longer (row_groups)"))
+    assert not root.list("out/"), root.list("out/")
+    # The worker serves on.
+    assert run_wf(temporal_address, "EmbedOn", "cpu-tools", {"texts": ["after the cancel"]})["embeddings"]
