@@ -97,6 +97,36 @@ async def start_dataset_job(client, wf_queue, request, heartbeat_s, tag, minutes
     )
 
 
+async def cancel_and_wait(handle, stopped, why, within=15) -> float:
+    """Cancels the job's workflow, sees it end, then waits for `stopped()`: the worker
+    hears of the cancel at the activity's next heartbeat. Gives the seconds from the
+    cancel until then; past `within`, fails with `why()`."""
+    await handle.cancel()
+    cancelled_at = time.monotonic()
+    try:
+        await handle.result()
+        raise AssertionError("the workflow was not cancelled")
+    except WorkflowFailureError:
+        pass
+    while not stopped():
+        assert time.monotonic() - cancelled_at < within, why()
+        await asyncio.sleep(0.1)
+    return time.monotonic() - cancelled_at
+
+
+async def wait_for(handle, ready, within=60):
+    """Waits until `ready()`; past `within`, fails saying where the job's activities stand."""
+    deadline = time.monotonic() + within
+    while not ready():
+        assert time.monotonic() < deadline, await pending_report(handle)
+        await asyncio.sleep(0.1)
+
+
+def lanes_running(g) -> int:
+    """Activities running on the worker's lanes, as `gpulane status` counts them."""
+    return sum(l["running"] for l in g.status("--no-backlog")["lanes"])
+
+
 def names(message: str, value: str) -> bool:
     """Whether a failure message names `value` whole (gpulane repeats URIs whole up to
     1,024 characters, so their file names show)."""
@@ -631,28 +661,12 @@ def test_h_a_cancelled_job_stops_and_keeps_the_parts_it_wrote(temporal_address, 
     request = {"source": data.uri, "id_column": "id", "text_column": "text",
                "output": loc.uri("out/"), "part_rows": part_rows}
 
-    def running():
-        return sum(l["running"] for l in g.status("--no-backlog")["lanes"])
-
     async def go():
         async with workflow_env(temporal_address) as (client, wf_queue):
             handle = await start_dataset_job(client, wf_queue, request, 2, "cancel", 3)
-            deadline = time.monotonic() + 60
-            while len([n for n in loc.list("out/") if PART.match(n[4:])]) < 1:
-                assert time.monotonic() < deadline, await pending_report(handle)
-                await asyncio.sleep(0.1)
-            await handle.cancel()
-            cancelled_at = time.monotonic()
-            try:
-                await handle.result()
-                raise AssertionError("the workflow was not cancelled")
-            except WorkflowFailureError:
-                pass
-            # The worker learns of it at its next heartbeat and stops the job.
-            while running() > 0:
-                assert time.monotonic() - cancelled_at < 15, f"still running{logs_of([g])}"
-                await asyncio.sleep(0.1)
-            return time.monotonic() - cancelled_at
+            await wait_for(handle, lambda: any(PART.match(n[4:]) for n in loc.list("out/")))
+            return await cancel_and_wait(handle, lambda: lanes_running(g) == 0,
+                                         lambda: f"still running{logs_of([g])}")
 
     stopped_after = asyncio.run(go())
     parts = [n for n in loc.list("out/") if PART.match(n[4:])]
@@ -686,33 +700,18 @@ def test_h_a_job_cancelled_while_it_reads_its_source_stops_reading(temporal_addr
     def held():
         return metric_sum(g.metrics(), "gpulane_dataset_memory_held_bytes")
 
-    def running():
-        return sum(l["running"] for l in g.status("--no-backlog")["lanes"])
-
     async def go():
         async with workflow_env(temporal_address) as (client, wf_queue):
             handle = await start_dataset_job(client, wf_queue, request, 2, "cancel-read", 3)
-            deadline = time.monotonic() + 60
             # Under way: past the footer, into the row groups, and holding memory.
-            while s3.requests("GET", key) < 20 or held() == 0:
-                assert time.monotonic() < deadline, await pending_report(handle)
-                await asyncio.sleep(0.1)
+            await wait_for(handle, lambda: s3.requests("GET", key) >= 20 and held() > 0)
             at_cancel = s3.requests("GET", key)
-            await handle.cancel()
-            cancelled_at = time.monotonic()
-            try:
-                await handle.result()
-                raise AssertionError("the workflow was not cancelled")
-            except WorkflowFailureError:
-                pass
-            # The worker hears of it at its next heartbeat; the read stops at its next claim
-            # and gives back what it held.
-            while running() > 0 or held() > 0:
-                assert time.monotonic() - cancelled_at < 15, (
-                    f"still running or holding {held()} bytes, {s3.requests('GET', key)} fetches"
-                    f"{logs_of([g])}")
-                await asyncio.sleep(0.1)
-            return at_cancel, time.monotonic() - cancelled_at
+            # The read stops at its next claim and gives back what it held.
+            stopped_after = await cancel_and_wait(
+                handle, lambda: lanes_running(g) == 0 and held() == 0,
+                lambda: f"still running or holding {held()} bytes, {s3.requests('GET', key)} "
+                        f"fetches{logs_of([g])}")
+            return at_cancel, stopped_after
 
     at_cancel, stopped_after = asyncio.run(go())
     stopped_at = s3.requests("GET", key)
