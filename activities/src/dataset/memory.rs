@@ -225,12 +225,15 @@ impl Claim {
 
     /// Gives back all it holds, then waits for the job's turn, counted as waiting until
     /// the turn ends: newcomers get in line rather than take the memory it gave back. The
-    /// turn's claims stop waiting once `gone` tells them the job has ended (its sender is
-    /// dropped; [`Claim::watch`]).
-    pub(crate) async fn take_turn(&mut self, gone: watch::Receiver<()>) {
+    /// claim must watch the job's activity ([`Claim::watch`]): the turn's claims stop
+    /// waiting once that ends, and without a watch they could wait for ever.
+    pub(crate) async fn take_turn(&mut self) {
+        assert!(
+            self.gone.is_some(),
+            "a turn taken without a watch on its job; this is a bug"
+        );
         self.permit = None;
         self.short = None;
-        self.gone = Some(gone);
         let waiting = Waiting::count(&self.memory.waiting);
         let guard = self.memory.turn.clone().lock_owned().await;
         self.turn = Some(Turn {
@@ -316,7 +319,8 @@ mod tests {
         assert!(!b.cover(8 * 1024), "out of turn, a claim never waits");
         assert!(!b.others_waiting());
         let (_alive, gone) = watch::channel(());
-        b.take_turn(gone).await;
+        b.watch(gone);
+        b.take_turn().await;
         assert!(b.in_turn());
         let b = tokio::task::spawn_blocking(move || {
             assert!(b.cover(8 * 1024));
@@ -341,15 +345,17 @@ mod tests {
         let memory = DatasetMemory::new(10 * 1024);
         let (_alive, gone) = watch::channel(());
         let mut a = Claim::new(&memory);
-        a.take_turn(gone.clone()).await;
+        a.watch(gone.clone());
+        a.take_turn().await;
         let mut b = Claim::new(&memory);
+        b.watch(gone);
         assert!(b.cover(4 * 1024));
         assert!(
             b.others_waiting(),
             "a newcomer could take what the turn gave back"
         );
         let b = tokio::spawn(async move {
-            b.take_turn(gone).await;
+            b.take_turn().await;
             b
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -379,7 +385,8 @@ mod tests {
         assert!(a.cover(6 * 1024));
         let (alive, gone) = watch::channel(());
         let mut b = Claim::new(&memory);
-        b.take_turn(gone).await;
+        b.watch(gone);
+        b.take_turn().await;
         let b = tokio::task::spawn_blocking(move || {
             let covered = b.cover(8 * 1024);
             (covered, b.short())
@@ -391,7 +398,8 @@ mod tests {
         let mut c = Claim::new(&memory);
         assert!(!c.others_waiting());
         let (_alive, gone) = watch::channel(());
-        tokio::time::timeout(Duration::from_secs(1), c.take_turn(gone))
+        c.watch(gone);
+        tokio::time::timeout(Duration::from_secs(1), c.take_turn())
             .await
             .expect("the ended job kept the turn");
         assert_eq!(memory.held(), 6 * 1024);
@@ -410,10 +418,9 @@ mod tests {
             let memory = DatasetMemory::new(10 * 1024);
             let (alive, gone) = watch::channel(());
             let mut a = Claim::new(&memory);
+            a.watch(gone);
             if in_turn {
-                a.take_turn(gone).await;
-            } else {
-                a.watch(gone);
+                a.take_turn().await;
             }
             assert!(a.cover(2 * 1024));
             drop(alive);
@@ -438,7 +445,8 @@ mod tests {
         let memory = DatasetMemory::new(10 * 1024);
         let (_alive, gone) = watch::channel(());
         let mut a = Claim::new(&memory);
-        a.take_turn(gone.clone()).await;
+        a.watch(gone.clone());
+        a.take_turn().await;
         let line = |memory: &DatasetMemory| {
             let b = Claim::new(memory);
             tokio::spawn(async move { b.wait_in_line().await })
@@ -458,7 +466,8 @@ mod tests {
         .expect("the line did not move on");
         let mut d = Claim::new(&memory);
         assert!(!d.others_waiting());
-        tokio::time::timeout(Duration::from_secs(1), d.take_turn(gone))
+        d.watch(gone);
+        tokio::time::timeout(Duration::from_secs(1), d.take_turn())
             .await
             .expect("a job through the line kept the turn");
     }

@@ -49,7 +49,7 @@ pub(crate) async fn load(
     // stops the read at its next claim (it runs on the blocking pool, which the drop does
     // not stop) and tells a read waiting in its turn to stop waiting and pass the turn on.
     let (_alive, gone) = tokio::sync::watch::channel(());
-    claim.watch(gone.clone());
+    claim.watch(gone);
     // How long the job waited (in line, for its turn), once it has.
     let mut waiting = None;
     if claim.others_waiting() {
@@ -65,7 +65,7 @@ pub(crate) async fn load(
             Some(bytes) if read.is_err() && !claim.in_turn() => {
                 let since = std::time::Instant::now();
                 log_wait(&source, Some(bytes));
-                claim.take_turn(gone.clone()).await;
+                claim.take_turn().await;
                 waiting = Some(waiting.unwrap_or_default() + since.elapsed());
             }
             _ => {
@@ -407,7 +407,8 @@ mod tests {
         job.abort();
         let (_alive, gone) = tokio::sync::watch::channel(());
         let mut probe = probe;
-        tokio::time::timeout(std::time::Duration::from_secs(10), probe.take_turn(gone))
+        probe.watch(gone);
+        tokio::time::timeout(std::time::Duration::from_secs(10), probe.take_turn())
             .await
             .expect("the dropped job kept its turn");
         probe.end_read();
