@@ -12,7 +12,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::{
-    kernels::{self, CardOps, Heads, Mask, RelativeBias},
+    kernels::{self, CardOps, Heads, Mask, Products, RelativeBias},
     varlen::{row_starts, Varlen},
     ModelError,
 };
@@ -209,7 +209,7 @@ fn attention_checks(
         let (qkv, relative) = attention_inputs(heads, dtype, device)?;
         let on_device = qkv.to_dtype(dtype)?.to_device(device)?;
         for (name, mask) in masks(&relative) {
-            let want = kernels::attention(&qkv, &starts, &LENS, heads, mask)?;
+            let want = kernels::attention(&qkv, &starts, &LENS, heads, mask, Products::F32)?;
             let got = varlen.attend(&on_device, (&starts, &LENS), heads, mask)?;
             let case = format!("q{} kv{} d{}, {name}", heads.q, heads.kv, heads.d);
             out.push(KernelCheck::of(

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::{
     kernel_check::{attention_inputs, masks, max_abs_diff, HEADS, LENS},
-    kernels::{self, CardOps, Heads, Keys, Mask},
+    kernels::{self, CardOps, Heads, Keys, Mask, Products},
     varlen::{dims_per_lane, key_ranges, launch_geometry, row_starts},
 };
 
@@ -110,7 +110,7 @@ fn packed_attention(
 ) -> Vec<f32> {
     let n: usize = lens.iter().sum();
     let t = Tensor::from_slice(qkv, (n, heads.qkv_width()), &Device::Cpu).unwrap();
-    kernels::attention(&t, starts, lens, heads, mask)
+    kernels::attention(&t, starts, lens, heads, mask, Products::F32)
         .unwrap()
         .flatten_all()
         .unwrap()

@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use super::Packed;
 use crate::{
     batcher::Row,
-    kernels::{self, CardOps, Heads, Mask},
+    kernels::{self, CardOps, Heads, Mask, Products},
     varlen::{self, Varlen},
     ModelError,
 };
@@ -245,22 +245,21 @@ impl Batch {
     }
 
     /// Self-attention of packed `qkv` (`[N, (q + 2·kv)·d]`, Q pre-scaled by 1/√d) to its
-    /// context `[N, q·d]`, each token seeing the keys of its own row that `mask` allows.
+    /// context `[N, q·d]`, each token seeing the keys of its own row that `mask` allows;
+    /// the packed CPU route multiplies in `products` (the others in their dtype).
     pub(crate) fn attend(
         &self,
         qkv: &Tensor,
         heads: Heads,
         mask: Mask,
+        products: Products,
     ) -> Result<Tensor, ModelError> {
         let p = match &self.layout {
             Layout::Packed => {
+                let (starts, lens) = (&self.starts, &self.lens);
                 return Ok(kernels::attention(
-                    qkv,
-                    &self.starts,
-                    &self.lens,
-                    heads,
-                    mask,
-                )?)
+                    qkv, starts, lens, heads, mask, products,
+                )?);
             }
             Layout::Varlen(v) => {
                 return Ok(v.attend(qkv, (&self.starts, &self.lens), heads, mask)?)
@@ -454,9 +453,9 @@ mod tests {
             Mask::Causal,
             Mask::Relative(&relative),
         ] {
-            let want = packed.attend(&qkv, heads, mask).unwrap();
+            let want = packed.attend(&qkv, heads, mask, Products::F32).unwrap();
             for (name, other) in [("padded", &padded), ("varlen", &varlen)] {
-                let got = other.attend(&qkv, heads, mask).unwrap();
+                let got = other.attend(&qkv, heads, mask, Products::F32).unwrap();
                 let diff: f32 = (&want - got)
                     .unwrap()
                     .abs()

@@ -14,7 +14,7 @@ use crate::{
     dense::{self, Epilogue, PackedLinear, RowNorm},
     feed_forward::{self, PreNorm},
     int8::QuantLinear,
-    kernels::{self, CardOps, CpuF32, Heads, Keys, Mask},
+    kernels::{self, CardOps, CpuF32, Heads, Keys, Mask, Products},
     ModelError,
 };
 
@@ -28,6 +28,15 @@ pub(crate) enum Weight {
 }
 
 impl Weight {
+    /// What attention multiplies in after this QKV projection: int8 after an int8 one
+    /// (the int8 dtype quantizes every dense layer), f32 otherwise.
+    pub(crate) fn products(&self) -> Products {
+        match self {
+            Weight::Int8(_) => Products::Int8,
+            Weight::Float(_) | Weight::Dense(_) => Products::F32,
+        }
+    }
+
     /// Loads `[out, in]` from the checkpoint as `[in, out]`.
     pub(crate) fn load(vb: &VarBuilder, i: usize, o: usize) -> Result<Self, ModelError> {
         Ok(Weight::Float(vb.get((o, i), "weight")?.t()?.contiguous()?))
@@ -228,7 +237,7 @@ impl AttentionBlock<'_> {
             }
         }
         let qkv = self.qkv.matmul_bias(x, self.qkv_bias)?;
-        let ctx = batch.attend(&qkv, heads, mask)?;
+        let ctx = batch.attend(&qkv, heads, mask, self.qkv.products())?;
         self.out.matmul_add_norm(&ctx, x, self.norm, self.eps, ops)
     }
 }
@@ -280,7 +289,7 @@ impl PreNormAttention<'_> {
             Some(norms) => rotate_qk_normed(&qkv, norms, cos, sin, heads, self.eps)?,
             None => rotate(&qkv, cos, sin, heads)?,
         };
-        let ctx = batch.attend(&qkv, heads, mask)?;
+        let ctx = batch.attend(&qkv, heads, mask, self.qkv.w.products())?;
         Ok((x + self.out.forward(&ctx)?)?)
     }
 

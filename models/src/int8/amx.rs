@@ -88,20 +88,20 @@ pub(super) unsafe fn matmul(j: &Job, rows: usize, y: &mut [Out]) {
     let l = j.l;
     let lda = j.lda;
     let chunks = lda / TILE_BYTES;
-    let panel_bytes = l.k4 * PANEL;
+    let panel_bytes = l.panel_stride;
     let panels = l.n.div_ceil(PANEL);
     let tiles = rows.div_ceil(TILE_ROWS);
     // The last B tile read ends `chunks` tiles into the last panel, past the panel itself
     // where `k4` is not a multiple of 64: within the packing's tail, by construction.
     assert!(
-        (panels - 1) * panel_bytes + chunks * B_TILE <= l.packed.len(),
+        (panels - 1) * panel_bytes + chunks * B_TILE <= l.w.len(),
         "AMX would read past the packed weights; this is a bug"
     );
     let mut sums = [[0i32; TILE_ROWS * PANEL]; 4];
     asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly, preserves_flags));
     for p in (0..panels).step_by(2) {
         let two_panels = p + 1 < panels;
-        let b0 = l.packed.as_ptr().add(p * panel_bytes) as *const u8;
+        let b0 = l.w.as_ptr().add(p * panel_bytes) as *const u8;
         let b1 = b0.add(panel_bytes);
         for t in (0..tiles).step_by(2) {
             let two_tiles = t + 1 < tiles;
@@ -144,7 +144,7 @@ pub(super) unsafe fn matmul(j: &Job, rows: usize, y: &mut [Out]) {
                 for i in 0..TILE_ROWS.min(rows - first) {
                     let row = first + i;
                     let acc = _mm512_loadu_si512(sums.as_ptr().add(i * PANEL) as *const _);
-                    let dst = y.as_mut_ptr().add(row * l.n) as *mut f32;
+                    let dst = y.as_mut_ptr().add(row * j.ldy) as *mut f32;
                     store(j, j.sa[row], acc, pp * PANEL, dst);
                 }
             }

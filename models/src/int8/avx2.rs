@@ -85,6 +85,7 @@ pub(super) unsafe fn matmul(j: &super::Job<u8>, rows: usize, y: &mut [Out]) {
         lda: j.lda,
         sa: j.sa,
         epi: j.epi,
+        ldy: j.ldy,
     };
     let tiles = rows.div_ceil(MR);
     for p in 0..l.n.div_ceil(PANEL) {
@@ -123,13 +124,13 @@ unsafe fn tile<const R: usize>(j: &Job, r: usize, p: usize, h: usize, y: &mut [O
         lda,
         sa,
         epi,
+        ldy,
     } = *j;
-    let k4 = l.k4;
-    let groups = k4 / 4;
+    let groups = l.groups;
     let mut lo = [_mm256_setzero_si256(); R];
     let mut hi = [_mm256_setzero_si256(); R];
     let a = qa.as_ptr().add(r * lda);
-    let w = l.packed.as_ptr().add(p * PANEL * k4 + 8 * h * 4);
+    let w = l.w.as_ptr().add(p * l.panel_stride + 8 * h * 4);
     for g in 0..groups {
         let wg = w.add(g * PANEL * 4);
         let w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wg as *const _));
@@ -173,6 +174,6 @@ unsafe fn tile<const R: usize>(j: &Job, r: usize, p: usize, h: usize, y: &mut [O
                 _mm256_loadu_ps(lanes.as_ptr())
             }
         };
-        crate::isa::avx2_store(y.as_mut_ptr().add(row * l.n + c0) as *mut f32, live, v);
+        crate::isa::avx2_store(y.as_mut_ptr().add(row * ldy + c0) as *mut f32, live, v);
     }
 }

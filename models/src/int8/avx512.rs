@@ -123,23 +123,23 @@ unsafe fn tile<const R: usize, const V: usize>(j: &Job, r: usize, p: usize, y: &
         lda,
         sa,
         epi: _,
+        ldy,
     } = *j;
-    let k4 = l.k4;
-    let groups = k4 / 4;
+    let (groups, stride) = (l.groups, l.panel_stride);
     let mut acc = [[_mm512_setzero_si512(); V]; R];
     let a = qa.as_ptr().add(r * lda);
-    let w = l.packed.as_ptr().add(p * PANEL * k4);
+    let w = l.w.as_ptr().add(p * stride);
     for g in 0..groups {
         let mut b = [_mm512_setzero_si512(); V];
         for (v, b) in b.iter_mut().enumerate() {
-            *b = _mm512_loadu_si512(w.add((v * groups + g) * PANEL * 4) as *const _);
+            *b = _mm512_loadu_si512(w.add(v * stride + g * PANEL * 4) as *const _);
         }
         // Each panel 1 KiB ahead: the weights stream from L3 or memory, as in the
         // f32 kernel (`dense::PREFETCH`); on the Intel Xeon, 1-6% over Qwen3-shaped
         // rotating weights. `wrapping_add`: past a panel's end the hint may point
         // outside the buffer, which a prefetch (never a fault) may do but `add` may not.
         for v in 0..V {
-            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((v * groups + g + 16) * PANEL * 4));
+            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(v * stride + (g + 16) * PANEL * 4));
         }
         for (i, acc) in acc.iter_mut().enumerate() {
             let x = _mm512_set1_epi32((a.add(i * lda + g * 4) as *const i32).read_unaligned());
@@ -150,7 +150,7 @@ unsafe fn tile<const R: usize, const V: usize>(j: &Job, r: usize, p: usize, y: &
     }
     for (i, acc) in acc.iter().enumerate() {
         let row = r + i;
-        let dst = y.as_mut_ptr().add(row * l.n) as *mut f32;
+        let dst = y.as_mut_ptr().add(row * ldy) as *mut f32;
         for (v, acc) in acc.iter().enumerate() {
             store(j, sa[row], *acc, (p + v) * PANEL, dst);
         }

@@ -18,6 +18,8 @@
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
+mod attend;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -25,6 +27,9 @@ mod avx512;
 mod tests;
 
 use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use self::attend::{attend, attend_runs_here, AttendScratch};
 
 #[cfg(test)]
 use crate::kernels::gelu;
@@ -184,11 +189,12 @@ impl QuantLinear {
         #[cfg(target_arch = "x86_64")]
         {
             let j = &Job {
-                l: self,
+                l: self.packed(),
                 qa: &q.q,
                 lda: q.stride,
                 sa: &q.scales,
                 epi,
+                ldy: self.n,
             };
             if isa >= CpuIsa::Amx {
                 assert!(
@@ -209,6 +215,19 @@ impl QuantLinear {
             }
         }
         self.matmul_portable(q, rows, y, epi);
+    }
+
+    /// The packed weights as the tiles read them.
+    #[cfg(target_arch = "x86_64")]
+    fn packed(&self) -> Packed<'_> {
+        Packed {
+            groups: self.k4 / 4,
+            panel_stride: PANEL * self.k4,
+            n: self.n,
+            w: &self.packed,
+            scale: &self.scale,
+            sum: &self.sum,
+        }
     }
 
     /// Scales one accumulated column back to f32.
@@ -239,16 +258,34 @@ impl QuantLinear {
     }
 }
 
-/// One task's product, for the tiles: the layer, its quantized rows (`A`: u8 as VNNI and
-/// AMX take them, or widened to i16 for AVX2's `vpmaddwd`) `lda` apart, their scales and
-/// what to do with the outputs.
+/// The i8 side of a product as the tiles read it, borrowed: a layer's weights, or
+/// attention's keys or values ([`attend`]), of which a block reads a range of panels
+/// (keys) or of inputs (values) only. Panels of 16 output columns, each `[groups][16][4]`,
+/// `panel_stride` values from one panel's start to the next.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Packed<'a> {
+    groups: usize,
+    panel_stride: usize,
+    /// Output columns; per column, the dequantization scale and the sum of its values
+    /// (what a row's zero point adds to the product).
+    n: usize,
+    w: &'a [i8],
+    scale: &'a [f32],
+    sum: &'a [i32],
+}
+
+/// One task's product, for the tiles: the packed side, the quantized rows (`A`: u8 as
+/// VNNI and AMX take them, or widened to i16 for AVX2's `vpmaddwd`) `lda` apart, their
+/// scales, what to do with the outputs, and the outputs' row stride.
 #[cfg(target_arch = "x86_64")]
 struct Job<'a, A> {
-    l: &'a QuantLinear,
+    l: Packed<'a>,
     qa: &'a [A],
     lda: usize,
     sa: &'a [RowScale],
     epi: Epilogue<'a>,
+    ldy: usize,
 }
 
 /// A task's activation rows in u8, as [`QuantLinear::quantize_rows`] lays them out for a

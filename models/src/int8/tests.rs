@@ -302,3 +302,69 @@ fn zero_rows_and_columns_stay_zero() {
         vec![0.0; 4]
     );
 }
+
+/// Int8 attention against the f32 panels of `attention::sequence`, where this CPU runs
+/// both: grouped heads, every mask, rows of one key to 300 (nineteen key panels of 16, the
+/// last part-filled), heads of 6 dims (padded to 8 for the products), 8, 40 and 64.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn int8_attention_follows_the_f32_route() {
+    use crate::{
+        attention,
+        kernels::{Heads, Keys},
+    };
+    if !(attend_runs_here() && attention::runs_here()) {
+        eprintln!("skipped: no AVX-512 VNNI here");
+        return;
+    }
+    let shapes = [
+        Heads { q: 2, kv: 1, d: 6 },
+        Heads { q: 4, kv: 2, d: 8 },
+        Heads { q: 3, kv: 1, d: 40 },
+        Heads { q: 2, kv: 2, d: 64 },
+    ];
+    let (mut f32s, mut int8s) = (attention::Scratch::default(), AttendScratch::default());
+    let mut seed = 41;
+    for heads in shapes {
+        for len in [1usize, 3, 17, 300] {
+            let w = heads.qkv_width();
+            let mut qkv = values(len * w, &mut seed, 1.0);
+            // Q pre-scaled by 1/√d, as the QKV projection leaves it.
+            let scale = 1.0 / (heads.d as f32).sqrt();
+            for row in qkv.chunks_exact_mut(w) {
+                row[..heads.q * heads.d]
+                    .iter_mut()
+                    .for_each(|v| *v *= scale * 4.0);
+            }
+            for keys in [Keys::Row, Keys::Causal, Keys::Window(2), Keys::Window(40)] {
+                let keys = keys.in_row_of(len);
+                let h = heads.q * heads.d;
+                let mut want = vec![Out::new(f32::NAN); len * h];
+                attention::sequence(&qkv, len, heads, keys, &mut want, &mut f32s);
+                let mut got = vec![Out::new(f32::NAN); len * h];
+                attend(&qkv, len, heads, keys, &mut got, &mut int8s);
+                // SAFETY: both routes write every output (NaN marks any left).
+                let (want, got) = unsafe {
+                    (
+                        want.iter().map(|v| v.assume_init()).collect::<Vec<_>>(),
+                        got.iter().map(|v| v.assume_init()).collect::<Vec<_>>(),
+                    )
+                };
+                let worst = want
+                    .iter()
+                    .zip(&got)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(
+                        0f32,
+                        |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+                    );
+                // Values lie in [-1, 1], whose i8 step is 1/127 ≈ 0.008; a masked key let
+                // in, or a key or value packed in the wrong place, moves outputs by tenths.
+                assert!(
+                    worst <= 0.025,
+                    "{heads:?}, {len} keys, {keys:?}: off by {worst} from f32"
+                );
+            }
+        }
+    }
+}

@@ -28,9 +28,11 @@ mod softmax;
 #[cfg(test)]
 pub(crate) mod tests;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use self::softmax::softmax_levels;
 pub(crate) use self::{
     ops::{add_norm, bias_gelu, gated_gelu, gated_rows, gated_silu, qk_norm_rope, rope, CardOps},
-    packed::{attention, packed_attention_runs, Heads, Keys, Mask, RelativeBias},
+    packed::{attention, packed_attention_runs, Heads, Keys, Mask, Products, RelativeBias},
     padded::{band, causal, masked_softmax},
     read::{cpu_f32, cpu_slice, read_optional, CpuF32},
     rows::{

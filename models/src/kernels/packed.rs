@@ -1,5 +1,6 @@
-//! Packed self-attention on the CPU in f32: every sequence of a batch attends only to
-//! itself, with no padding, under a full, windowed, causal or relative-bias mask.
+//! Packed self-attention on the CPU: every sequence of a batch attends only to itself,
+//! with no padding, under a full, windowed, causal or relative-bias mask; its products in
+//! f32, or in int8 for the int8 dtype where the CPU has VNNI.
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -7,6 +8,8 @@ use std::mem::MaybeUninit;
 
 use super::{read::f32_slice, softmax::softmax_row};
 use crate::attention::{self, Scratch};
+#[cfg(target_arch = "x86_64")]
+use crate::int8;
 
 /// Query rows per block without a window: a whole sequence of BERT's 512 tokens takes two
 /// blocks, and an 8,192-token one needs a 256 × 8,192 score buffer per thread, not 8,192².
@@ -36,6 +39,15 @@ impl Heads {
     pub(crate) fn qkv_width(self) -> usize {
         (self.q + 2 * self.kv) * self.d
     }
+}
+
+/// What attention's two products (Q·Kᵀ and P·V) multiply in: f32, every dtype's on the
+/// CPU and exact; or int8, the int8 dtype's (`int8::attend`) where the CPU has AVX-512
+/// VNNI and the mask has no relative bias, f32 elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Products {
+    F32,
+    Int8,
 }
 
 /// Which keys a query sees, beyond its own row's real tokens.
@@ -246,6 +258,7 @@ struct PackedAttention<'a> {
     /// Full, causal and windowed masks on `attention::sequence` (AVX2, AVX-512), not
     /// `gemm`.
     panels: bool,
+    products: Products,
 }
 
 impl CustomOp1 for PackedAttention<'_> {
@@ -277,13 +290,19 @@ impl CustomOp1 for PackedAttention<'_> {
         blocks
             .into_par_iter()
             .zip(self.starts.par_iter().zip(self.lens.par_iter()))
-            .for_each_init(Scratch::default, |scratch, (block, (&start, &len))| {
+            .for_each_init(Scratches::default, |scratch, (block, (&start, &len))| {
                 if len == 0 {
                     return;
                 }
                 let rows = &qkv[start * width..(start + len) * width];
-                if self.panels && !matches!(self.mask, Mask::Relative(_)) {
-                    let keys = Keys::of(&self.mask).in_row_of(len);
+                let keys = Keys::of(&self.mask).in_row_of(len);
+                let relative = matches!(self.mask, Mask::Relative(_));
+                #[cfg(target_arch = "x86_64")]
+                if self.products == Products::Int8 && !relative && int8::attend_runs_here() {
+                    return int8::attend(rows, len, self.heads, keys, block, &mut scratch.int8);
+                }
+                let scratch = &mut scratch.f32;
+                if self.panels && !relative {
                     attention::sequence(rows, len, self.heads, keys, block, scratch)
                 } else {
                     // The relative bias is attention_seq's alone.
@@ -298,22 +317,33 @@ impl CustomOp1 for PackedAttention<'_> {
     }
 }
 
+/// One thread's buffers for either route of [`PackedAttention`].
+#[derive(Default)]
+struct Scratches {
+    f32: Scratch,
+    #[cfg(target_arch = "x86_64")]
+    int8: int8::AttendScratch,
+}
+
 /// Self-attention of packed rows: `qkv` is `[N, (q + 2·kv)·d]` (Q pre-scaled), rows
 /// `starts[i]..starts[i] + lens[i]` are sequence i, which attends only to itself, and
-/// within it only to the keys `mask` lets it see; the result is `[N, q·d]`. CPU f32 only
-/// (callers use the padded path elsewhere).
+/// within it only to the keys `mask` lets it see; the result is `[N, q·d]`, its products
+/// in `products`. CPU f32 tensors only (callers use the padded path elsewhere).
 pub(crate) fn attention(
     qkv: &Tensor,
     starts: &[usize],
     lens: &[usize],
     heads: Heads,
     mask: Mask,
+    products: Products,
 ) -> Result<Tensor> {
-    attention_on(qkv, starts, lens, heads, mask, attention::runs_here())
+    let panels = attention::runs_here();
+    attention_with(qkv, (starts, lens), heads, mask, panels, products)
 }
 
 /// [`attention`], with full, causal and windowed masks on `attention::sequence` where
 /// `panels` (tests run both routes).
+#[cfg(test)]
 pub(super) fn attention_on(
     qkv: &Tensor,
     starts: &[usize],
@@ -321,6 +351,18 @@ pub(super) fn attention_on(
     heads: Heads,
     mask: Mask,
     panels: bool,
+) -> Result<Tensor> {
+    attention_with(qkv, (starts, lens), heads, mask, panels, Products::F32)
+}
+
+/// [`attention_on`] with its products in `products`.
+pub(super) fn attention_with(
+    qkv: &Tensor,
+    (starts, lens): (&[usize], &[usize]),
+    heads: Heads,
+    mask: Mask,
+    panels: bool,
+    products: Products,
 ) -> Result<Tensor> {
     if let Mask::Relative(r) = mask {
         r.covers(lens, heads)?;
@@ -331,6 +373,7 @@ pub(super) fn attention_on(
         heads,
         mask,
         panels,
+        products,
     })
 }
 

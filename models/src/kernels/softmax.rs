@@ -42,6 +42,29 @@ pub(super) fn softmax_row_on(isa: crate::isa::CpuIsa, x: &mut [f32]) {
     softmax_body(x)
 }
 
+/// One attention row's softmax as the u8 levels the int8 product takes
+/// (`int8::attend`): `q` gets e^(x − max x) · 255, rounded, and the sum of the
+/// exponentials comes back, so the row's probabilities are `q / (255 · sum)`. Two passes
+/// where [`softmax_row`] takes three: the largest exponential is e⁰ = 1, so the levels
+/// need no range of their own, and the product's scale takes the 1 / sum. The
+/// exponentials take a shorter polynomial than [`softmax_row`]'s, as exact as 8-bit
+/// levels need.
+///
+/// # Safety
+/// The CPU has AVX-512 F and BW.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn softmax_levels(x: &[f32], q: &mut [u8]) -> f32 {
+    assert_eq!(
+        x.len(),
+        q.len(),
+        "{} scores for {} levels",
+        x.len(),
+        q.len()
+    );
+    // SAFETY: the caller's contract.
+    unsafe { avx512::softmax_levels(x, q) }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
@@ -146,6 +169,17 @@ mod avx512 {
     /// `vscalefps`.
     #[target_feature(enable = "avx512f")]
     fn exp16(x: __m512) -> __m512 {
+        exp16_to(x, &EXP_POLY)
+    }
+
+    /// e^r's Taylor polynomial to the fourth degree, highest first: on the reduced range
+    /// (|r| ≤ ln 2 / 2) within 6e-5 of e^x relative, where a level step is 1 / 255.
+    const LEVEL_POLY: [f32; 5] = [1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0];
+
+    /// [`exp16`] with the polynomial `poly` (Horner order) on the reduced range.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp16_to(x: __m512, poly: &[f32]) -> __m512 {
         // NaN as the second operand: `maxps`/`minps` return it, as the scalar clamp does.
         let x = _mm512_min_ps(
             _mm512_set1_ps(88.0),
@@ -156,22 +190,48 @@ mod avx512 {
         );
         let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
         let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-        let mut p = _mm512_set1_ps(EXP_POLY[0]);
-        for &c in &EXP_POLY[1..] {
+        let mut p = _mm512_set1_ps(poly[0]);
+        for &c in &poly[1..] {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
         _mm512_scalef_ps(p, n)
     }
 
+    /// The row's largest value in every lane.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn softmax_row(x: &mut [f32]) {
-        let (n, p) = (x.len(), x.as_mut_ptr());
+    unsafe fn max_of(x: &[f32]) -> __m512 {
+        let (n, p) = (x.len(), x.as_ptr());
         let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
         for i in (0..n).step_by(16) {
             let v = _mm512_mask_loadu_ps(max, live(n, i), p.add(i));
             max = _mm512_max_ps(max, v);
         }
-        let max = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+        _mm512_set1_ps(_mm512_reduce_max_ps(max))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn softmax_levels(x: &[f32], q: &mut [u8]) -> f32 {
+        let (n, p, out) = (x.len(), x.as_ptr(), q.as_mut_ptr());
+        let max = max_of(x);
+        let (mut sum, levels) = (_mm512_setzero_ps(), _mm512_set1_ps(255.0));
+        for i in (0..n).step_by(16) {
+            let m = live(n, i);
+            let e = exp16_to(
+                _mm512_sub_ps(_mm512_maskz_loadu_ps(m, p.add(i)), max),
+                &LEVEL_POLY,
+            );
+            sum = _mm512_mask_add_ps(sum, m, sum, e);
+            // To nearest (the default mode); the unsigned narrowing saturates at 255.
+            let l = _mm512_cvtps_epi32(_mm512_mul_ps(e, levels));
+            _mm512_mask_cvtusepi32_storeu_epi8(out.add(i) as *mut _, m, l);
+        }
+        _mm512_reduce_add_ps(sum)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn softmax_row(x: &mut [f32]) {
+        let (n, p) = (x.len(), x.as_mut_ptr());
+        let max = max_of(x);
         let mut sum = _mm512_setzero_ps();
         for i in (0..n).step_by(16) {
             let m = live(n, i);

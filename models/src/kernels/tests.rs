@@ -10,6 +10,7 @@ use super::{
     *,
 };
 use crate::attention;
+use Products::F32;
 
 /// The largest absolute difference between two tensors of one shape (the encoder's
 /// tests use it too).
@@ -192,7 +193,7 @@ fn packed_attention_matches_padded_attention() {
         .collect();
     let n: usize = lens.iter().sum();
     let qkv = randn(&[n, 3 * h], 1.0);
-    let got = attention(&qkv, &starts, &lens, Heads::mha(h, heads), Mask::Full).unwrap();
+    let got = attention(&qkv, &starts, &lens, Heads::mha(h, heads), Mask::Full, F32).unwrap();
     // Reference: each sequence on its own with plain candle ops.
     for (&s, &len) in starts.iter().zip(&lens) {
         let rows = qkv.narrow(0, s, len).unwrap();
@@ -266,6 +267,7 @@ fn check_windowed_attention(window: usize) {
         &lens,
         Heads::mha(h, heads),
         Mask::Window(window),
+        F32,
     )
     .unwrap();
     let band = band(t, window, DType::F32, &Device::Cpu).unwrap();
@@ -318,7 +320,7 @@ fn check_windowed_attention(window: usize) {
         );
     }
     // The window matters: without it the long sequence comes out different.
-    let full = attention(&qkv, &starts, &lens, Heads::mha(h, heads), Mask::Full).unwrap();
+    let full = attention(&qkv, &starts, &lens, Heads::mha(h, heads), Mask::Full, F32).unwrap();
     assert!(
         max_diff(
             &full.narrow(0, 0, 70).unwrap(),
