@@ -3,8 +3,9 @@
 //! Weights are quantized once at load, symmetric per output channel; activations are
 //! quantized per row as each matmul runs, asymmetric (u8 with a zero point, ONNX Runtime's
 //! "dynamic" scheme): the inputs after GELU are nearly all positive, and a symmetric
-//! range would waste half its levels on them. The product accumulates in i32 and is scaled back to f32, so layer norms,
-//! attention and pooling stay f32.
+//! range would waste half its levels on them. The product accumulates in i32 and is
+//! scaled back to f32, so layer norms and pooling stay f32. Attention's products run on
+//! the same tiles where the CPU has VNNI ([`attend`]), else in f32.
 //!
 //! Why a kernel of our own: candle's Q8_0 matmul quantizes in blocks of 32 and takes its
 //! VNNI route only when the inner dimension is a multiple of 256, so MiniLM's 384-wide

@@ -88,6 +88,43 @@ fn exp_matches_std_closely() {
     assert!(exp(f32::NEG_INFINITY) < 1e-37);
 }
 
+/// The int8 attention's softmax levels: each within half a level (and the polynomial's
+/// error) of 255 · e^(x − max), and the returned sum within 1e-4 of Σ e^(x − max) in
+/// f64, on rows of every length around the vector width, a far-below-max score included
+/// (in a row of one, it is the max).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn softmax_levels_round_the_exponentials() {
+    if crate::isa::cpu_isa() < crate::isa::CpuIsa::Avx512Vnni {
+        eprintln!("skipped: no AVX-512 VNNI (the only route that takes levels) here");
+        return;
+    }
+    for n in [1, 5, 15, 16, 17, 33, 300] {
+        let mut row: Vec<f32> = randn(&[n], 4.0).to_vec1().unwrap();
+        row[n / 2] = -1e4;
+        let mut q = vec![0u8; n];
+        // SAFETY: the CPU has AVX-512 F and BW (VNNI's level implies both).
+        let sum = unsafe { super::softmax_levels(&row, &mut q) };
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+        let e: Vec<f64> = row.iter().map(|&v| (v as f64 - max).exp()).collect();
+        let want: f64 = e.iter().sum();
+        assert!(
+            ((sum as f64) - want).abs() <= 1e-4 * want,
+            "n={n}: sum {sum} vs {want}"
+        );
+        for (i, (&l, e)) in q.iter().zip(&e).enumerate() {
+            assert!(
+                (l as f64 - 255.0 * e).abs() <= 0.52,
+                "n={n}: level {l} at {i} for 255 · {e}"
+            );
+        }
+        if n > 1 {
+            assert_eq!(q[n / 2], 0, "n={n}: a score far below the max has a level");
+        }
+        assert!(q.contains(&255), "n={n}: the max is not at level 255");
+    }
+}
+
 /// Every softmax route this CPU runs (AVX2, AVX-512, the plain body) agrees with the
 /// plain body on rows of every length around both vector widths, a far-below-max
 /// score included.
