@@ -8,7 +8,7 @@
 //! passages 1.09× there (six alternated rounds), and the worst cosine to
 //! sentence-transformers' f32 vectors from 0.9975 to 0.9955.
 //!
-//! How each side is quantized, per K/V head and sequence:
+//! How each side is quantized, per sequence:
 //! - each key row symmetric to i8 with its own scale, as a layer's output channel is;
 //! - each value column (one dimension of the head over the sequence) the same way;
 //! - each query row symmetric too, offset by 128 to the u8 `vpdpbusd` takes;
@@ -28,9 +28,9 @@ use crate::{
 /// under a window.
 const BLOCK: usize = 48;
 
-/// What one thread reuses from sequence to sequence (grown, never shrunk): one K/V head's
-/// packed keys and values with their column scales and sums, and one block's quantized
-/// queries, scores and probability levels.
+/// What one thread reuses from sequence to sequence (grown, never shrunk): every head's
+/// quantized queries, and packed keys and values with their scales and sums, and one
+/// block's scores and probability levels.
 #[derive(Default)]
 pub(crate) struct AttendScratch {
     keys: Vec<i8>,
