@@ -22,10 +22,13 @@ use std::{cell::RefCell, mem::MaybeUninit};
 use rayon::prelude::*;
 
 use crate::{
-    dense::{self, Dst, Epilogue, PackedLinear, Panel, RowNorm, NR, ROWS_PER_TASK},
-    feed_forward::PreNorm,
+    dense::{self, Dst, Epilogue, Panel, RowNorm, NR},
+    feed_forward::{PreNorm, TaskProduct},
+    isa::cpu_isa,
     kernels::{add_into, qk_norm_rope_row, rope_row, softmax_row, Heads, Keys},
 };
+#[cfg(target_arch = "x86_64")]
+use crate::{int8, kernels::Products};
 
 /// Query rows per block: four of the 12-row AVX-512 tiles that attention's 32-column
 /// panels take (six of the dense layers' 8-row ones, eight AVX2 ones); half that under a
@@ -163,16 +166,23 @@ pub(crate) fn sequence(
     }
 }
 
-/// The weights of an attention block, packed for the dense kernel: the QKV projection
-/// (Q's columns pre-scaled by 1/√d) and the output projection, each with its bias if it
-/// has one (BERT's output bias is in its add-norm's params instead).
-#[derive(Clone, Copy)]
-pub(crate) struct BlockWeights<'a> {
-    pub(crate) qkv: &'a PackedLinear,
+/// The weights of an attention block, packed for the dense kernel (f32 or int8): the QKV
+/// projection (Q's columns pre-scaled by 1/√d) and the output projection, each with its
+/// bias if it has one (BERT's output bias is in its add-norm's params instead).
+pub(crate) struct BlockWeights<'a, W> {
+    pub(crate) qkv: &'a W,
     pub(crate) qkv_bias: Option<&'a [f32]>,
-    pub(crate) out: &'a PackedLinear,
+    pub(crate) out: &'a W,
     pub(crate) out_bias: Option<&'a [f32]>,
 }
+
+// Not derived: a derive would ask `W: Copy` of the weights behind the references.
+impl<W> Clone for BlockWeights<'_, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<W> Copy for BlockWeights<'_, W> {}
 
 /// What a [`block`] does around its attention.
 #[derive(Clone, Copy)]
@@ -194,13 +204,15 @@ pub(crate) enum Around<'a> {
 }
 
 /// What one thread reuses from task to task in [`block`]: its rows normalized (pre-norm
-/// only), their QKV, their context, and the attention's own scratch.
+/// only), their QKV, their context, and the attention's own scratch (f32's, or int8's).
 #[derive(Default)]
 struct BlockScratch {
     normed: Vec<f32>,
     qkv: Vec<f32>,
     ctx: Vec<f32>,
     attention: Scratch,
+    #[cfg(target_arch = "x86_64")]
+    int8: int8::AttendScratch,
 }
 
 thread_local! {
@@ -224,8 +236,8 @@ pub(crate) fn release_thread_buffer() {
 /// `[Σ lens, k]` rows of sequences of `lens` tokens in turn, BERT's
 /// `norm(attention(x · qkv + qkv_bias) · out)` or a pre-norm layer's
 /// `x + attention(rope(norm(x) · qkv + qkv_bias)) · out + out_bias` (see [`Around`]; the
-/// biases where the weights have them). Each task takes whole
-/// sequences, [`ROWS_PER_TASK`] rows or more (the last task what is left), through every
+/// biases where the weights have them). Each task takes whole sequences,
+/// [`TaskProduct::TASK_ROWS`] rows or more (the last task what is left), through every
 /// step on one thread, their QKV (a 256-token passage's: 1.1 MiB at MiniLM's widths) and
 /// context in the thread's buffers, so its core's L2 (inferred from the sizes), rather
 /// than out to `[N, 3H]` and `[N, H]` tensors (36 and 12 MiB for 32 such passages) and
@@ -233,9 +245,11 @@ pub(crate) fn release_thread_buffer() {
 /// (benches/RESULTS.md). The same kernels in the same order as the steps apart, so the
 /// same bits (on the CPU every norm is `kernels::layer_norm_rows` / `rms_norm_rows`,
 /// fused or not). None where the batch makes too few tasks to keep every core busy: the
-/// caller runs the steps apart, whose products also split columns across tasks.
-pub(crate) fn block(
-    w: BlockWeights,
+/// caller runs the steps apart, whose products also split columns across tasks; or where
+/// this CPU runs neither attention route (no AVX2). On int8 weights attention runs in
+/// int8 where the CPU has VNNI (`int8::attend`), as `kernels::attention` runs it apart.
+pub(crate) fn block<W: TaskProduct>(
+    w: BlockWeights<W>,
     x: &[f32],
     lens: &[usize],
     heads: Heads,
@@ -304,15 +318,18 @@ pub(crate) fn block(
     let (mut seq, mut row) = (0, 0);
     while seq < lens.len() {
         let (first_seq, first_row) = (seq, row);
-        while seq < lens.len() && row - first_row < ROWS_PER_TASK {
+        while seq < lens.len() && row - first_row < W::TASK_ROWS {
             row += lens[seq];
             seq += 1;
         }
         tasks.push((first_seq, first_row, seq - first_seq, row - first_row));
     }
-    if !dense::fills_the_cores(tasks.len()) {
+    if !dense::fills_the_cores(tasks.len()) || !runs_here() {
         return None;
     }
+    let isa = cpu_isa();
+    #[cfg(target_arch = "x86_64")]
+    let int8_attention = W::PRODUCTS == Products::Int8 && int8::attend_runs_here();
     // Not zeroed first: every task stores every output of its rows.
     let mut y: Vec<f32> = Vec::with_capacity(m * n);
     let out = Dst(y.as_mut_ptr());
@@ -323,6 +340,8 @@ pub(crate) fn block(
                 qkv,
                 ctx,
                 attention,
+                #[cfg(target_arch = "x86_64")]
+                int8,
             } = scratch;
             if qkv.len() < rows * width {
                 qkv.resize(rows * width, 0.0);
@@ -341,14 +360,13 @@ pub(crate) fn block(
                 norm.apply(normed, eps);
                 input = normed;
             }
-            // SAFETY: `runs_here` holds (the weights are packed). The task reads its own
-            // rows of the input and writes its rows of the thread's `qkv` (which holds
-            // them); nothing here calls into rayon, so no other task runs on this thread
-            // while the scratch is borrowed.
+            // SAFETY: `isa` is this CPU's. The task reads its own rows of the input and
+            // writes its rows of the thread's `qkv` (which holds them); nothing here
+            // calls into rayon, so no other task runs on this thread while the scratch is
+            // borrowed.
             unsafe {
-                let x = input.as_ptr();
-                w.qkv
-                    .rows_into(x, k, rows, qkv.as_mut_ptr(), width, qkv_epi);
+                let (x, y) = (input.as_ptr(), qkv.as_mut_ptr());
+                w.qkv.task_rows(isa, x, k, rows, y, width, qkv_epi);
             }
             if let Around::PreNorm {
                 qk_norm, cos, sin, ..
@@ -366,28 +384,35 @@ pub(crate) fn block(
             }
             let mut at = 0;
             for &len in &lens[s0..s0 + seqs] {
-                let rows_qkv = &qkv[at * width..(at + len) * width];
-                let rows_ctx = &mut ctx[at * h..(at + len) * h];
-                // SAFETY: a view of initialized floats as maybe-uninitialized ones, into
-                // which `sequence` writes only floats.
-                let rows_ctx = unsafe { &mut *(rows_ctx as *mut [f32] as *mut [MaybeUninit<f32>]) };
-                if len > 0 {
-                    let keys = keys.in_row_of(len);
-                    sequence(rows_qkv, len, heads, keys, rows_ctx, attention);
+                let (first, at_end) = (at, at + len);
+                at = at_end;
+                if len == 0 {
+                    continue;
                 }
-                at += len;
+                let rows_qkv = &qkv[first * width..at_end * width];
+                let rows_ctx = &mut ctx[first * h..at_end * h];
+                // SAFETY: a view of initialized floats as maybe-uninitialized ones, into
+                // which either route writes only floats.
+                let rows_ctx = unsafe { &mut *(rows_ctx as *mut [f32] as *mut [MaybeUninit<f32>]) };
+                let keys = keys.in_row_of(len);
+                #[cfg(target_arch = "x86_64")]
+                if int8_attention {
+                    int8::attend(rows_qkv, len, heads, keys, rows_ctx, int8);
+                    continue;
+                }
+                sequence(rows_qkv, len, heads, keys, rows_ctx, attention);
             }
             // SAFETY: as above; the task writes only its own rows of `y` (m × n).
             unsafe {
                 w.out
-                    .rows_into(ctx.as_ptr(), h, rows, out.at(r0 * n), n, out_epi)
+                    .task_rows(isa, ctx.as_ptr(), h, rows, out.at(r0 * n), n, out_epi)
             };
         });
         match around {
             // SAFETY: this task's rows, every output of which it has just stored.
             Around::PostNorm(norm) => unsafe { norm.apply_to(out, n, r0..r0 + rows) },
             Around::PreNorm { .. } => {
-                // SAFETY: as above; the task owns these rows of `y` whole, and `rows_into`
+                // SAFETY: as above; the task owns these rows of `y` whole, and `task_rows`
                 // has just stored every value of them, so they are initialized floats.
                 let own = unsafe { std::slice::from_raw_parts_mut(out.at(r0 * n), rows * n) };
                 add_into(own, &x[r0 * n..(r0 + rows) * n]);
@@ -402,7 +427,13 @@ pub(crate) fn block(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dense::tests::{pool, same_bits, values};
+    use crate::{
+        dense::{
+            tests::{pool, same_bits, values},
+            PackedLinear,
+        },
+        int8::QuantLinear,
+    };
 
     /// A block's weights at `hidden` = 64, two heads of 32: QKV, output, QKV bias and the
     /// add-norm's params.
@@ -418,7 +449,7 @@ mod tests {
 
     /// BERT's block over [`weights`]: QKV with its bias, the output without (the add-norm's
     /// params carry its bias).
-    fn bert_weights(w: &(PackedLinear, PackedLinear, Vec<f32>, Vec<f32>)) -> BlockWeights<'_> {
+    fn bert_weights(w: &(PackedLinear, PackedLinear, Vec<f32>, Vec<f32>)) -> BlockWeights<'_, PackedLinear> {
         BlockWeights {
             qkv: &w.0,
             qkv_bias: Some(&w.2),
@@ -487,6 +518,74 @@ mod tests {
             rayon::broadcast(|_| release_thread_buffer());
             assert_eq!(held(), vec![0], "the block's buffer outlived the release");
         });
+    }
+
+    /// On int8 weights too the block gives the steps' bits: the int8 QKV product, each
+    /// sequence's attention as `kernels::attention` runs it for int8 (int8's own where
+    /// the CPU has VNNI, else f32's), the int8 output product with the add-norm. Tasks of
+    /// int8's 32 rows or more: 100, 3 + 250, 0 + 40, 97.
+    #[test]
+    fn the_int8_block_gives_the_steps_bits() {
+        if !runs_here() {
+            eprintln!("no AVX2 on this CPU: panel attention does not run here");
+            return;
+        }
+        pool(1).install(|| {
+            let mut seed = 6;
+            let (hidden, heads) = (64, HEADS);
+            let width = heads.qkv_width();
+            // QuantLinear takes its weight `[out, in]`.
+            let qkv = QuantLinear::new(&values(width * hidden, &mut seed), width, hidden);
+            let out = QuantLinear::new(&values(hidden * hidden, &mut seed), hidden, hidden);
+            let (qkv_bias, params) = (values(width, &mut seed), values(3 * hidden, &mut seed));
+            let w = BlockWeights {
+                qkv: &qkv,
+                qkv_bias: Some(&qkv_bias),
+                out: &out,
+                out_bias: None,
+            };
+            let lens = [100, 3, 250, 0, 40, 97];
+            let m: usize = lens.iter().sum();
+            let x = values(m * hidden, &mut seed);
+            let norm = RowNorm {
+                residual: &x,
+                params: &params,
+                eps: 1e-12,
+            };
+            let isa = cpu_isa();
+            let mixed = qkv.product(isa, &x, m, Epilogue::Bias(&qkv_bias), None);
+            let ctx = sequences_int8(&mixed, &lens, heads);
+            let want = out.product(isa, &ctx, m, Epilogue::None, Some(norm));
+            // Poison what the output may reuse, so a value left unwritten fails.
+            drop(std::hint::black_box(vec![f32::NAN; m * hidden]));
+            let got = block(w, &x, &lens, heads, Keys::Row, Around::PostNorm(norm))
+                .expect("tasks enough for one thread");
+            assert!(
+                same_bits(&got, &want),
+                "the int8 block's bits differ from the steps'"
+            );
+            assert!(got.iter().all(|v| v.is_finite()));
+        });
+    }
+
+    /// [`sequences`] as `kernels::attention` runs them after an int8 QKV product.
+    fn sequences_int8(mixed: &[f32], lens: &[usize], heads: Heads) -> Vec<f32> {
+        #[cfg(target_arch = "x86_64")]
+        if int8::attend_runs_here() {
+            let (width, h) = (heads.qkv_width(), heads.q * heads.d);
+            let mut ctx = vec![0f32; lens.iter().sum::<usize>() * h];
+            let (mut at, mut scratch) = (0, int8::AttendScratch::default());
+            for &len in lens.iter().filter(|&&len| len > 0) {
+                let rows = &mixed[at * width..(at + len) * width];
+                let c = &mut ctx[at * h..(at + len) * h];
+                // SAFETY: floats viewed as maybe-uninitialized ones, written as floats.
+                let c = unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) };
+                int8::attend(rows, len, heads, Keys::Row, c, &mut scratch);
+                at += len;
+            }
+            return ctx;
+        }
+        sequences(mixed, lens, heads, Keys::Row)
     }
 
     /// The pre-norm blocks carried through per task give their steps' bits (see
@@ -715,7 +814,7 @@ mod tests {
 
     /// [`block`] on fresh rows of `lens`.
     fn block_on(
-        w: BlockWeights,
+        w: BlockWeights<PackedLinear>,
         lens: &[usize],
         heads: Heads,
         params: &[f32],

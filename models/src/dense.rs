@@ -229,13 +229,16 @@ impl PackedLinear {
     }
 
     /// `epi(x · w)` for `x` row-major `[m, k]`; returns `[m, n]` row-major. Panics where
-    /// [`runs_here`] is false: callers check it before packing.
+    /// [`runs_here`] is false: callers check it before packing. (The layers call
+    /// [`forward_on`](Self::forward_on) through `feed_forward::TaskProduct`.)
+    #[cfg(test)]
     pub(crate) fn forward(&self, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
         self.forward_on(cpu_isa(), x, m, epi, None)
     }
 
     /// `norm(x · w)` for `x` row-major `[m, k]`: [`forward`](Self::forward) with each
     /// output row then normalized by `norm` ([`RowNorm`]) in place.
+    #[cfg(test)]
     pub(crate) fn forward_norm(&self, x: &[f32], m: usize, norm: RowNorm) -> Vec<f32> {
         self.forward_on(cpu_isa(), x, m, Epilogue::None, Some(norm))
     }
@@ -335,25 +338,13 @@ impl PackedLinear {
     }
 
     /// `epi(x · w)` for `rows` rows of `x` (row stride `lda`) into `y` (row stride
-    /// `ldy`), on the calling thread, in the order [`TILE_ORDER_MAX_K`] picks: for callers
-    /// that carry a task of rows through several steps (attention's block).
+    /// `ldy`), on the calling thread and the route of `isa`, in the order
+    /// [`TILE_ORDER_MAX_K`] picks: for callers that carry a task of rows through several
+    /// steps (attention's block, the feed-forward's).
     ///
     /// # Safety
-    /// [`runs_here`] holds; `x` is readable for `rows` rows of `k` values and `y` writable
-    /// for `rows` rows of `n`, and no other thread writes either meanwhile.
-    pub(crate) unsafe fn rows_into(
-        &self,
-        x: *const f32,
-        lda: usize,
-        rows: usize,
-        y: *mut f32,
-        ldy: usize,
-        epi: Epilogue,
-    ) {
-        self.rows_into_on(cpu_isa(), x, lda, rows, y, ldy, epi)
-    }
-
-    /// [`rows_into`](Self::rows_into) on the route of `isa`, which the CPU has.
+    /// The CPU has `isa`'s route; `x` is readable for `rows` rows of `k` values and `y`
+    /// writable for `rows` rows of `n`, and no other thread writes either meanwhile.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn rows_into_on(
         &self,

@@ -12,24 +12,129 @@ use rayon::prelude::*;
 
 use crate::{
     dense::{fills_the_cores, Dst, Epilogue, PackedLinear, RowNorm, ROWS_PER_TASK},
+    int8::{self, QuantLinear},
     isa::{cpu_isa, CpuIsa},
-    kernels::{self, add_into, layer_norm_rows, rms_norm_rows},
+    kernels::{self, add_into, layer_norm_rows, rms_norm_rows, Products},
 };
 
 /// BERT's feed-forward and the add-norm after it: `norm(GELU(x · up + up_bias) · down)`
-/// for `x` row-major `[m, k]`, each task carrying its rows through both layers. The
-/// intermediate rows (a task's 96 × 1,536 at MiniLM's widths: 576 KiB) go to a buffer of
-/// the thread's, in its core's L2, instead of out to an `[m, I]` tensor (the layer's
-/// widest, 48 MiB for 32 passages of 256 tokens) and back. A batch too short for tasks of
-/// whole rows (see [`col_groups`]) runs the two products. Either way the same bits.
+/// for `x` row-major `[m, k]`, each task carrying its rows through both layers, on packed
+/// f32 weights or int8 ones ([`TaskProduct`]). The intermediate rows (a task's 96 × 1,536
+/// at MiniLM's widths in f32: 576 KiB) go to a buffer of the thread's, in its core's L2,
+/// instead of out to an `[m, I]` tensor (the layer's widest, 48 MiB for 32 passages of
+/// 256 tokens: past glibc's largest reuse threshold, so new pages faulted in every time)
+/// and back. A batch too short for tasks of whole rows (see [`fills_the_cores`]) runs the
+/// two products. Either way the same bits.
 #[derive(Clone, Copy)]
-pub(crate) struct Bert<'a> {
-    pub(crate) up: &'a PackedLinear,
+pub(crate) struct Bert<'a, W> {
+    pub(crate) up: &'a W,
     pub(crate) up_bias: &'a [f32],
-    pub(crate) down: &'a PackedLinear,
+    pub(crate) down: &'a W,
 }
 
-impl Bert<'_> {
+/// A dense layer whose product a task can run on its own rows: gpulane's packed f32
+/// ([`PackedLinear`]) and int8 ([`QuantLinear`]) kernels.
+pub(crate) trait TaskProduct: Sync {
+    /// Rows one task carries through the layers (each kernel's own tuned count).
+    const TASK_ROWS: usize;
+    /// What attention's products run in after this layer's QKV product.
+    const PRODUCTS: Products;
+    fn in_features(&self) -> usize;
+    fn out_features(&self) -> usize;
+    /// The whole product on `m` rows, each output row then normalized by `norm`.
+    fn product(
+        &self,
+        isa: CpuIsa,
+        x: &[f32],
+        m: usize,
+        epi: Epilogue,
+        norm: Option<RowNorm>,
+    ) -> Vec<f32>;
+    /// One task's rows: `rows` rows of `x` (row stride `lda`) into `y` (row stride `ldy`).
+    ///
+    /// # Safety
+    /// `isa` runs here; `x` is readable and `y` writable for those rows, and no other
+    /// thread writes them meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn task_rows(
+        &self,
+        isa: CpuIsa,
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+        epi: Epilogue,
+    );
+}
+
+impl TaskProduct for PackedLinear {
+    const TASK_ROWS: usize = ROWS_PER_TASK;
+    const PRODUCTS: Products = Products::F32;
+    fn in_features(&self) -> usize {
+        self.in_features()
+    }
+    fn out_features(&self) -> usize {
+        self.out_features()
+    }
+    fn product(
+        &self,
+        isa: CpuIsa,
+        x: &[f32],
+        m: usize,
+        epi: Epilogue,
+        norm: Option<RowNorm>,
+    ) -> Vec<f32> {
+        self.forward_on(isa, x, m, epi, norm)
+    }
+    unsafe fn task_rows(
+        &self,
+        isa: CpuIsa,
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+        epi: Epilogue,
+    ) {
+        self.rows_into_on(isa, x, lda, rows, y, ldy, epi)
+    }
+}
+
+impl TaskProduct for QuantLinear {
+    const TASK_ROWS: usize = int8::ROWS_PER_TASK;
+    const PRODUCTS: Products = Products::Int8;
+    fn in_features(&self) -> usize {
+        self.in_features()
+    }
+    fn out_features(&self) -> usize {
+        self.out_features()
+    }
+    fn product(
+        &self,
+        isa: CpuIsa,
+        x: &[f32],
+        m: usize,
+        epi: Epilogue,
+        norm: Option<RowNorm>,
+    ) -> Vec<f32> {
+        self.forward_on(isa, x, m, epi, norm)
+    }
+    unsafe fn task_rows(
+        &self,
+        isa: CpuIsa,
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+        epi: Epilogue,
+    ) {
+        self.rows_into_on(isa, x, lda, rows, y, ldy, epi)
+    }
+}
+
+impl<W: TaskProduct> Bert<'_, W> {
     /// The layer on `m` rows `x`, then `norm` on each output row.
     pub(crate) fn forward(self, x: &[f32], m: usize, norm: RowNorm) -> Vec<f32> {
         self.forward_on(cpu_isa(), x, m, norm)
@@ -45,10 +150,10 @@ impl Bert<'_> {
             "a feed-forward of [{k}, {i}] then [{}, {n}]",
             down.in_features()
         );
-        let row_tasks = m.div_ceil(ROWS_PER_TASK);
+        let row_tasks = m.div_ceil(W::TASK_ROWS);
         if !fills_the_cores(row_tasks) {
-            let mid = up.forward_on(isa, x, m, Epilogue::BiasGelu(up_bias), None);
-            return down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
+            let mid = up.product(isa, x, m, Epilogue::BiasGelu(up_bias), None);
+            return down.product(isa, &mid, m, Epilogue::None, Some(norm));
         }
         assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
         assert_eq!(up_bias.len(), i, "bias is not [{i}]");
@@ -58,20 +163,20 @@ impl Bert<'_> {
         let mut y: Vec<f32> = Vec::with_capacity(m * n);
         let out = Dst(y.as_mut_ptr());
         (0..row_tasks).into_par_iter().for_each(|rt| {
-            let rows = rt * ROWS_PER_TASK..((rt + 1) * ROWS_PER_TASK).min(m);
+            let rows = rt * W::TASK_ROWS..((rt + 1) * W::TASK_ROWS).min(m);
             INTERMEDIATE.with_borrow_mut(|s| {
                 let mid = at_least(&mut s.mid, rows.len() * i);
-                // SAFETY: `panel_fn` checked the CPU has the route's features. The task reads
-                // its own rows of `x`, writes and then reads its rows of `mid` (which holds
-                // them all), and writes every panel of its own rows of `y` (m × n), which no
-                // other task touches. Nothing in either product calls into rayon, so no other
-                // task runs on this thread while `mid` is borrowed.
+                // SAFETY: `isa` is the CPU's or one it has (`forward`, tests). The task
+                // reads its own rows of `x`, writes and then reads its rows of `mid` (which
+                // holds them all), and writes every output of its own rows of `y` (m × n),
+                // which no other task touches. Nothing in either product calls into
+                // rayon, so no other task runs on this thread while `mid` is borrowed.
                 unsafe {
                     let x = x.as_ptr().add(rows.start * k);
                     let gelu = Epilogue::BiasGelu(up_bias);
-                    up.rows_into_on(isa, x, k, rows.len(), mid.as_mut_ptr(), i, gelu);
+                    up.task_rows(isa, x, k, rows.len(), mid.as_mut_ptr(), i, gelu);
                     let y = out.at(rows.start * n);
-                    down.rows_into_on(isa, mid.as_ptr(), i, rows.len(), y, n, Epilogue::None);
+                    down.task_rows(isa, mid.as_ptr(), i, rows.len(), y, n, Epilogue::None);
                 }
             });
             // SAFETY: as above: this task's rows, every output of which it has just stored.
@@ -253,43 +358,77 @@ mod tests {
 
     /// The feed-forward fused per task gives the two products' bits: whole-row tasks
     /// (200 rows on one thread) and a batch too short for them (10 rows), partly filled
-    /// last panels in both layers.
+    /// last panels in both layers; on packed f32 weights and on int8 ones, every route
+    /// the CPU has.
     #[test]
     fn the_fused_feed_forward_gives_the_two_products() {
-        let pool = pool(1);
-        pool.install(|| {
-            for isa in routes() {
-                let mut seed = 9;
-                let (k, i, n) = (64, 150, 45);
-                let up_w = values(k * i, &mut seed);
-                let down_w = values(i * n, &mut seed);
-                let bias = values(i, &mut seed);
-                let params = values(3 * n, &mut seed);
-                let (up, down) = (
-                    PackedLinear::new(&up_w, k, i),
-                    PackedLinear::new(&down_w, i, n),
-                );
-                for m in [10, 200] {
-                    let x = values(m * k, &mut seed);
-                    let residual = values(m * n, &mut seed);
-                    let norm = RowNorm {
-                        residual: &residual,
-                        params: &params,
-                        eps: 1e-12,
-                    };
-                    let mid = up.forward_on(isa, &x, m, Epilogue::BiasGelu(&bias), None);
-                    let want = down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
-                    // Poison what the output may reuse, so a value left unwritten fails.
-                    drop(std::hint::black_box(vec![f32::NAN; m * n]));
-                    let layer = Bert {
-                        up: &up,
-                        up_bias: &bias,
-                        down: &down,
-                    };
-                    let got = layer.forward_on(isa, &x, m, norm);
-                    let same = same_bits(&got, &want);
-                    assert!(same, "{isa:?}, {m} rows");
+        let (k, i, n) = (64, 150, 45);
+        let mut seed = 9;
+        let up_w = values(k * i, &mut seed);
+        let down_w = values(i * n, &mut seed);
+        let f32_layers = (
+            PackedLinear::new(&up_w, k, i),
+            PackedLinear::new(&down_w, i, n),
+        );
+        // QuantLinear takes its weight `[out, in]`.
+        let transpose = |w: &[f32], rows: usize, cols: usize| {
+            let mut t = vec![0f32; w.len()];
+            for r in 0..rows {
+                for c in 0..cols {
+                    t[c * rows + r] = w[r * cols + c];
                 }
+            }
+            t
+        };
+        let int8_layers = (
+            QuantLinear::new(&transpose(&up_w, k, i), i, k),
+            QuantLinear::new(&transpose(&down_w, i, n), n, i),
+        );
+        let int8_routes = [
+            CpuIsa::Baseline,
+            CpuIsa::Avx2,
+            CpuIsa::Avx512Vnni,
+            CpuIsa::Amx,
+        ]
+        .into_iter()
+        .filter(|isa| isa.runs_here());
+        for isa in routes() {
+            fused_matches_apart(isa, &f32_layers, &mut seed);
+        }
+        for isa in int8_routes {
+            fused_matches_apart(isa, &int8_layers, &mut seed);
+        }
+    }
+
+    /// [`Bert::forward_on`] against its two products, on one thread.
+    fn fused_matches_apart<W: TaskProduct>(isa: CpuIsa, (up, down): &(W, W), seed: &mut u64) {
+        let (k, i, n) = (up.in_features(), up.out_features(), down.out_features());
+        let bias = values(i, seed);
+        let params = values(3 * n, seed);
+        pool(1).install(|| {
+            for m in [10, 200] {
+                let x = values(m * k, seed);
+                let residual = values(m * n, seed);
+                let norm = RowNorm {
+                    residual: &residual,
+                    params: &params,
+                    eps: 1e-12,
+                };
+                let mid = up.product(isa, &x, m, Epilogue::BiasGelu(&bias), None);
+                let want = down.product(isa, &mid, m, Epilogue::None, Some(norm));
+                // Poison what the output may reuse, so a value left unwritten fails.
+                drop(std::hint::black_box(vec![f32::NAN; m * n]));
+                let layer = Bert {
+                    up,
+                    up_bias: &bias,
+                    down,
+                };
+                let got = layer.forward_on(isa, &x, m, norm);
+                let same = same_bits(&got, &want);
+                assert!(same, "{isa:?}, {m} rows");
+                // Both could leave the same poison in place: every output is finite, so
+                // neither did.
+                assert!(got.iter().all(|v| v.is_finite()), "{isa:?}, {m} rows");
             }
         });
     }

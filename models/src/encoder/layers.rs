@@ -12,8 +12,9 @@ use super::{
 use crate::{
     attention::{self, Around, BlockWeights},
     dense::{self, Epilogue, PackedLinear, RowNorm},
-    feed_forward::{self, PreNorm},
+    feed_forward::{self, PreNorm, TaskProduct},
     int8::QuantLinear,
+    isa::cpu_isa,
     kernels::{self, CardOps, CpuF32, Heads, Keys, Mask, Products},
     ModelError,
 };
@@ -91,8 +92,8 @@ impl Weight {
     }
 
     /// LayerNorm(x · w + bias + residual) with `params` = [bias; gamma; beta] (BERT's
-    /// add-and-norm, [`kernels::add_norm`]). Packed f32 on the CPU normalizes each row in
-    /// the task that stored it (see [`RowNorm`]); anything else runs the two ops.
+    /// add-and-norm, [`kernels::add_norm`]). Packed f32 or int8 on the CPU normalizes each
+    /// row in the task that stored it (see [`RowNorm`]); anything else runs the two ops.
     pub(crate) fn matmul_add_norm(
         &self,
         x: &Tensor,
@@ -101,12 +102,9 @@ impl Weight {
         eps: f32,
         ops: CardOps,
     ) -> Result<Tensor, ModelError> {
-        if let Weight::Dense(d) = self {
-            if kernels::cpu_f32(residual) && kernels::cpu_f32(params) {
-                let norm = RowNormRead::read(residual, params, eps)?;
-                let norm = norm.norm();
-                return cpu_product(x, d.out_features(), |x, m| d.forward_norm(x, m, norm));
-            }
+        if self.own_kernel() && kernels::cpu_f32(residual) && kernels::cpu_f32(params) {
+            let norm = RowNormRead::read(residual, params, eps)?;
+            return self.product_norm(x, Epilogue::None, Some(norm.norm()));
         }
         Ok(kernels::add_norm(
             &self.matmul(x)?,
@@ -125,9 +123,29 @@ impl Weight {
 
     /// `epi(x · w)` on gpulane's own kernel; only where [`Weight::own_kernel`] holds.
     fn product(&self, x: &Tensor, epi: Epilogue) -> Result<Tensor, ModelError> {
+        self.product_norm(x, epi, None)
+    }
+
+    /// [`Weight::product`], each output row then normalized by `norm`.
+    fn product_norm(
+        &self,
+        x: &Tensor,
+        epi: Epilogue,
+        norm: Option<RowNorm>,
+    ) -> Result<Tensor, ModelError> {
+        fn on<W: TaskProduct>(
+            w: &W,
+            x: &Tensor,
+            epi: Epilogue,
+            norm: Option<RowNorm>,
+        ) -> Result<Tensor, ModelError> {
+            cpu_product(x, w.out_features(), |x, m| {
+                w.product(cpu_isa(), x, m, epi, norm)
+            })
+        }
         match self {
-            Weight::Dense(d) => cpu_product(x, d.out_features(), |x, m| d.forward(x, m, epi)),
-            Weight::Int8(q) => cpu_product(x, q.out_features(), |x, m| q.forward(x, m, epi)),
+            Weight::Dense(d) => on(d, x, epi, norm),
+            Weight::Int8(q) => on(q, x, epi, norm),
             Weight::Float(_) => Err(candle_core::Error::Msg(
                 "a float weight on candle's matmul reached gpulane's CPU kernel".into(),
             )
@@ -203,9 +221,9 @@ pub(crate) struct AttentionBlock<'a> {
 
 impl AttentionBlock<'_> {
     /// LayerNorm(attention(x · qkv + qkv_bias) · out + bias + x) over `batch`'s rows.
-    /// Packed f32 on the CPU with every key seen carries each task's sequences through all
-    /// of it on one thread ([`attention::block`]), where the batch has the tasks for it;
-    /// anything else runs the steps in turn.
+    /// Packed f32 or int8 on the CPU with every key seen carries each task's sequences
+    /// through all of it on one thread ([`attention::block`]), where the batch has the
+    /// tasks for it; anything else runs the steps in turn.
     pub(crate) fn forward(
         &self,
         x: &Tensor,
@@ -214,31 +232,50 @@ impl AttentionBlock<'_> {
         mask: Mask,
         ops: CardOps,
     ) -> Result<Tensor, ModelError> {
-        if let (Weight::Dense(qkv), Weight::Dense(out), Route::Packed, Mask::Full) =
-            (self.qkv, self.out, batch.route(), &mask)
-        {
-            if kernels::cpu_f32(x) && kernels::cpu_f32(self.norm) {
-                let qkv_bias = CpuF32::read(self.qkv_bias, "qkv bias")?;
-                let w = BlockWeights {
-                    qkv,
-                    qkv_bias: Some(qkv_bias.values()),
-                    out,
-                    out_bias: None,
-                };
-                // `x` is the input and the residual: the output has its shape.
-                let norm = RowNormRead::read(x, self.norm, self.eps)?;
-                let norm = norm.norm();
-                let around = Around::PostNorm(norm);
-                let lens = batch.lens();
-                if let Some(y) = attention::block(w, norm.residual, lens, heads, Keys::Row, around)
-                {
-                    return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
+        if let (Route::Packed, Mask::Full) = (batch.route(), &mask) {
+            let fused = match (self.qkv, self.out) {
+                (Weight::Dense(qkv), Weight::Dense(out)) => {
+                    self.fused(x, batch, heads, qkv, out)?
                 }
+                (Weight::Int8(qkv), Weight::Int8(out)) => self.fused(x, batch, heads, qkv, out)?,
+                _ => None,
+            };
+            if let Some(y) = fused {
+                return Ok(y);
             }
         }
         let qkv = self.qkv.matmul_bias(x, self.qkv_bias)?;
         let ctx = batch.attend(&qkv, heads, mask, self.qkv.products())?;
         self.out.matmul_add_norm(&ctx, x, self.norm, self.eps, ops)
+    }
+
+    /// [`attention::block`] on CPU f32 tensors; None for any other, or where it declines.
+    fn fused<W: TaskProduct>(
+        &self,
+        x: &Tensor,
+        batch: &Batch,
+        heads: Heads,
+        qkv: &W,
+        out: &W,
+    ) -> Result<Option<Tensor>, ModelError> {
+        if !(kernels::cpu_f32(x) && kernels::cpu_f32(self.norm)) {
+            return Ok(None);
+        }
+        let qkv_bias = CpuF32::read(self.qkv_bias, "qkv bias")?;
+        let w = BlockWeights {
+            qkv,
+            qkv_bias: Some(qkv_bias.values()),
+            out,
+            out_bias: None,
+        };
+        // `x` is the input and the residual: the output has its shape.
+        let norm = RowNormRead::read(x, self.norm, self.eps)?;
+        let norm = norm.norm();
+        let around = Around::PostNorm(norm);
+        let y = attention::block(w, norm.residual, batch.lens(), heads, Keys::Row, around);
+        y.map(|y| Tensor::from_vec(y, x.dims(), x.device()))
+            .transpose()
+            .map_err(Into::into)
     }
 }
 
@@ -354,25 +391,40 @@ pub(crate) struct FeedForward<'a> {
 
 impl FeedForward<'_> {
     /// LayerNorm(act(x · up + up_bias) · down + bias + x): the residual is the input, as
-    /// in BERT. Packed f32 with the exact GELU on the CPU carries each task's rows through
-    /// both layers ([`feed_forward::Bert`]); anything else runs the ops in turn.
+    /// in BERT. Packed f32 or int8 with the exact GELU on the CPU carries each task's rows
+    /// through both layers ([`feed_forward::Bert`]); anything else runs the ops in turn.
     pub(crate) fn forward(&self, x: &Tensor, ops: CardOps) -> Result<Tensor, ModelError> {
-        let (params, eps) = (self.norm, self.eps);
-        if let (Weight::Dense(up), Weight::Dense(down), Act::Gelu) = (self.up, self.down, self.act)
-        {
-            if kernels::cpu_f32(x) && kernels::cpu_f32(params) {
-                // `x` is read once, as the input and as the residual.
-                let bias = CpuF32::read(self.up_bias, "bias")?;
-                let norm = RowNormRead::read(x, params, eps)?;
-                let norm = norm.norm();
-                let (rows, m) = (norm.residual, norm.residual.len() / up.in_features());
-                let up_bias = bias.values();
-                let y = feed_forward::Bert { up, up_bias, down }.forward(rows, m, norm);
-                return Ok(Tensor::from_vec(y, x.dims(), x.device())?);
-            }
+        let fused = match (self.up, self.down, self.act) {
+            (Weight::Dense(up), Weight::Dense(down), Act::Gelu) => self.fused(x, up, down)?,
+            (Weight::Int8(up), Weight::Int8(down), Act::Gelu) => self.fused(x, up, down)?,
+            _ => None,
+        };
+        if let Some(y) = fused {
+            return Ok(y);
         }
         let mid = self.up.matmul_bias_act(x, self.up_bias, self.act, ops)?;
-        self.down.matmul_add_norm(&mid, x, params, eps, ops)
+        self.down.matmul_add_norm(&mid, x, self.norm, self.eps, ops)
+    }
+
+    /// [`feed_forward::Bert`] on CPU f32 tensors; None for any other.
+    fn fused<W: TaskProduct>(
+        &self,
+        x: &Tensor,
+        up: &W,
+        down: &W,
+    ) -> Result<Option<Tensor>, ModelError> {
+        let (params, eps) = (self.norm, self.eps);
+        if !(kernels::cpu_f32(x) && kernels::cpu_f32(params)) {
+            return Ok(None);
+        }
+        // `x` is read once, as the input and as the residual.
+        let bias = CpuF32::read(self.up_bias, "bias")?;
+        let norm = RowNormRead::read(x, params, eps)?;
+        let norm = norm.norm();
+        let (rows, m) = (norm.residual, norm.residual.len() / up.in_features());
+        let up_bias = bias.values();
+        let y = feed_forward::Bert { up, up_bias, down }.forward(rows, m, norm);
+        Ok(Some(Tensor::from_vec(y, x.dims(), x.device())?))
     }
 }
 

@@ -35,7 +35,7 @@ pub(crate) use self::attend::{attend, attend_runs_here, AttendScratch};
 #[cfg(test)]
 use crate::kernels::gelu;
 use crate::{
-    dense::Epilogue,
+    dense::{Dst, Epilogue, RowNorm},
     isa::{cpu_isa, CpuIsa},
 };
 
@@ -50,9 +50,9 @@ const TILE_ROWS: usize = 16;
 const TILE_BYTES: usize = 64;
 /// Activation rows one rayon task quantizes and multiplies: enough to reuse each weight
 /// panel from cache, few enough to split a small batch over both cores.
-const ROWS_PER_TASK: usize = 32;
+pub(crate) const ROWS_PER_TASK: usize = 32;
 
-/// A dense layer's weight `[out, in]`, quantized and packed for [`QuantLinear::forward`].
+/// A dense layer's weight `[out, in]`, quantized and packed for [`QuantLinear::forward_on`].
 pub(crate) struct QuantLinear {
     /// Inputs (`k`) and outputs (`n`).
     k: usize,
@@ -113,38 +113,108 @@ impl QuantLinear {
         }
     }
 
+    /// Inputs.
+    pub(crate) fn in_features(&self) -> usize {
+        self.k
+    }
+
     /// Outputs.
     pub(crate) fn out_features(&self) -> usize {
         self.n
     }
 
     /// `epi(x · wᵀ)` for `x` row-major `[m, k]`; returns `[m, n]` row-major.
+    #[cfg(test)]
     pub(crate) fn forward(&self, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
+        self.forward_on(cpu_isa(), x, m, epi, None)
+    }
+
+    /// `epi(x · wᵀ)` for `x` row-major `[m, k]` on the route of `isa`, returned `[m, n]`
+    /// row-major; each output row then normalized by `norm` where given, in the task that
+    /// stored it while the row is in its core's cache (as `PackedLinear::forward_on`
+    /// does: a separate add-norm pass read every row back, into a buffer it zeroed first).
+    pub(crate) fn forward_on(
+        &self,
+        isa: CpuIsa,
+        x: &[f32],
+        m: usize,
+        epi: Epilogue,
+        norm: Option<RowNorm>,
+    ) -> Vec<f32> {
+        let n = self.n;
         assert_eq!(x.len(), m * self.k, "input is not [{m}, {}]", self.k);
-        if let Epilogue::Bias(b) | Epilogue::BiasGelu(b) = epi {
-            assert_eq!(b.len(), self.n, "bias is not [{}]", self.n);
+        if let Some(b) = epi.bias() {
+            assert_eq!(b.len(), n, "bias is not [{n}]");
+        }
+        if let Some(norm) = norm {
+            assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
+            assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
         }
         // Not zeroed first: zeroing every output (tokens × outputs floats per layer) cost
         // a tenth of a long-passage run, and the kernels write every element.
-        let mut y: Vec<f32> = Vec::with_capacity(m * self.n);
-        let isa = cpu_isa();
-        y.spare_capacity_mut()[..m * self.n]
-            .par_chunks_mut(ROWS_PER_TASK * self.n)
-            .zip(x.par_chunks(ROWS_PER_TASK * self.k))
-            .for_each(|(y, x)| {
-                let rows = x.len() / self.k;
-                let q = self.quantize_rows(isa, x, rows);
-                self.matmul_on(isa, &q, rows, y, epi);
+        let mut y: Vec<f32> = Vec::with_capacity(m * n);
+        let out = Dst(y.as_mut_ptr());
+        (0..m.div_ceil(ROWS_PER_TASK))
+            .into_par_iter()
+            .for_each(|t| {
+                let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(m);
+                // SAFETY: each task reads its own rows of x (asserted [m, k]) and writes
+                // every output of its own rows of y (m × n), which no other task touches;
+                // then it normalizes those rows.
+                unsafe {
+                    let x = x.as_ptr().add(rows.start * self.k);
+                    let y = out.at(rows.start * n);
+                    self.rows_into_on(isa, x, self.k, rows.len(), y, n, epi);
+                    if let Some(norm) = norm {
+                        norm.apply_to(out, n, rows);
+                    }
+                }
             });
-        // SAFETY: every route writes every one of the m × n outputs.
-        unsafe { y.set_len(m * self.n) };
+        // SAFETY: the tasks cover every row, and each stores every column of its rows.
+        unsafe { y.set_len(m * n) };
         y
+    }
+
+    /// One task's product: `epi(x · wᵀ)` for `rows` rows of `x` (row stride `lda`, `k`
+    /// inputs each) into `y` (row stride `ldy`, `n` outputs each), on the route of `isa`.
+    ///
+    /// # Safety
+    /// `x` is readable for `rows` rows of `lda ≥ k` values, `y` writable for `rows` rows of
+    /// `ldy ≥ n`, and no other thread writes those outputs meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn rows_into_on(
+        &self,
+        isa: CpuIsa,
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+        epi: Epilogue,
+    ) {
+        assert!(
+            lda >= self.k && ldy >= self.n,
+            "strides {lda}, {ldy} for [{}, {}]",
+            self.k,
+            self.n
+        );
+        // In chunks of a task's rows, whatever the caller's task: a chunk's quantized rows
+        // (12 KiB at MiniLM's 384 inputs) stay in L1 while every weight panel passes
+        // them, where a whole 256-token passage's would not.
+        for r0 in (0..rows).step_by(ROWS_PER_TASK) {
+            let rows = (rows - r0).min(ROWS_PER_TASK);
+            let x = std::slice::from_raw_parts(x.add(r0 * lda), (rows - 1) * lda + self.k);
+            let y = y.add(r0 * ldy).cast::<Out>();
+            let y = std::slice::from_raw_parts_mut(y, (rows - 1) * ldy + self.n);
+            let q = self.quantize_rows(isa, x, lda, rows);
+            self.matmul_on(isa, &q, rows, y, ldy, epi);
+        }
     }
 
     /// Rows quantized to u8 (what `vpdpbusd` and `tdpbusd` take on their unsigned side),
     /// laid out as the route of `isa` reads them (see [`Quantized`]), and each row's scale
     /// and zero point.
-    fn quantize_rows(&self, isa: CpuIsa, x: &[f32], rows: usize) -> Quantized {
+    fn quantize_rows(&self, isa: CpuIsa, x: &[f32], lda: usize, rows: usize) -> Quantized {
         let (stride, padded) = if isa >= CpuIsa::Amx {
             (
                 self.k.div_ceil(TILE_BYTES) * TILE_BYTES,
@@ -160,13 +230,13 @@ impl QuantLinear {
         );
         let mut q = vec![0u8; padded * stride];
         let mut scales = vec![RowScale::default(); rows];
-        for ((row, q), s) in x
-            .chunks_exact(self.k)
-            .zip(q.chunks_exact_mut(stride))
+        for (r, (q, s)) in q
+            .chunks_exact_mut(stride)
             .zip(scales.iter_mut())
+            .enumerate()
         {
             // SAFETY: checked above.
-            *s = unsafe { quantize_row_on(isa, row, &mut q[..self.k]) };
+            *s = unsafe { quantize_row_on(isa, &x[r * lda..][..self.k], &mut q[..self.k]) };
         }
         Quantized { q, stride, scales }
     }
@@ -175,7 +245,15 @@ impl QuantLinear {
     /// integer sums are exact, so all agree with the portable route bit for bit), or
     /// portable. Every route but AMX reads any layout
     /// [`quantize_rows`](Self::quantize_rows) makes; AMX needs its own.
-    fn matmul_on(&self, isa: CpuIsa, q: &Quantized, rows: usize, y: &mut [Out], epi: Epilogue) {
+    fn matmul_on(
+        &self,
+        isa: CpuIsa,
+        q: &Quantized,
+        rows: usize,
+        y: &mut [Out],
+        ldy: usize,
+        epi: Epilogue,
+    ) {
         assert!(
             isa.runs_here(),
             "int8 at {isa:?} on a CPU with {:?}",
@@ -187,6 +265,11 @@ impl QuantLinear {
             q.stride,
             q.q.len()
         );
+        assert!(
+            ldy >= self.n && y.len() >= (rows.max(1) - 1) * ldy + self.n,
+            "{rows} output rows {ldy} apart in {}; this is a bug",
+            y.len()
+        );
         #[cfg(target_arch = "x86_64")]
         {
             let j = &Job {
@@ -195,7 +278,7 @@ impl QuantLinear {
                 lda: q.stride,
                 sa: &q.scales,
                 epi,
-                ldy: self.n,
+                ldy,
             };
             if isa >= CpuIsa::Amx {
                 assert!(
@@ -215,7 +298,7 @@ impl QuantLinear {
                 return unsafe { avx2::matmul(j, rows, y) };
             }
         }
-        self.matmul_portable(q, rows, y, epi);
+        self.matmul_portable(q, rows, y, ldy, epi);
     }
 
     /// The packed weights as the tiles read them.
@@ -239,7 +322,14 @@ impl QuantLinear {
 
     /// The same product in plain Rust: any CPU, and the reference the VNNI path is
     /// tested against.
-    fn matmul_portable(&self, q: &Quantized, rows: usize, y: &mut [Out], epi: Epilogue) {
+    fn matmul_portable(
+        &self,
+        q: &Quantized,
+        rows: usize,
+        y: &mut [Out],
+        ldy: usize,
+        epi: Epilogue,
+    ) {
         let (k4, sa) = (self.k4, &q.scales);
         for r in 0..rows {
             let a = &q.q[r * q.stride..r * q.stride + k4];
@@ -253,7 +343,7 @@ impl QuantLinear {
                         acc += a[g * 4 + j] as i32 * w[j] as i32;
                     }
                 }
-                y[r * self.n + c].write(epi.apply(self.dequantize(acc, sa[r], c), c));
+                y[r * ldy + c].write(epi.apply(self.dequantize(acc, sa[r], c), c));
             }
         }
     }

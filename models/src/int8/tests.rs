@@ -58,7 +58,7 @@ fn product_over(
     fill: f32,
 ) -> Vec<f32> {
     let mut y = vec![Out::new(fill); m * q.n];
-    q.matmul_on(isa, rows, m, &mut y, epi);
+    q.matmul_on(isa, rows, m, &mut y, q.n, epi);
     // SAFETY: initialized above; the kernel overwrote them.
     y.iter().map(|v| unsafe { v.assume_init() }).collect()
 }
@@ -92,7 +92,7 @@ fn matches_f32_product_on_every_edge() {
         let got = q.forward(&x, m, Epilogue::None);
         let mut portable = vec![];
         for layout in layouts() {
-            let rows = q.quantize_rows(layout, &x, m);
+            let rows = q.quantize_rows(layout, &x, k, m);
             portable = product(&q, CpuIsa::Baseline, &rows, m, Epilogue::None);
             for isa in routes().into_iter().filter(|&isa| reads(isa, layout)) {
                 let routed = product(&q, isa, &rows, m, Epilogue::None);
@@ -126,7 +126,7 @@ fn epilogues_match_the_product_then_bias_and_gelu() {
     let b = values(n, &mut seed, 1.0);
     let q = QuantLinear::new(&w, n, k);
     let plain = q.forward(&x, m, Epilogue::None);
-    let rows = q.quantize_rows(CpuIsa::detected(), &x, m);
+    let rows = q.quantize_rows(CpuIsa::detected(), &x, k, m);
     for (epi, f) in [
         (Epilogue::Bias(&b), (|v| v) as fn(f32) -> f32),
         (Epilogue::BiasGelu(&b), gelu as fn(f32) -> f32),
@@ -155,7 +155,7 @@ fn a_subnormal_range_is_a_row_of_zeros() {
     let mut scalar = [0u8; 4];
     let rs = quantize_row(&x, &mut scalar);
     for layout in layouts() {
-        let rows = q.quantize_rows(layout, &x, 1);
+        let rows = q.quantize_rows(layout, &x, 4, 1);
         assert_eq!((&rows.q[..4], rows.scales[0]), (&scalar[..], rs));
     }
 }
@@ -233,7 +233,7 @@ fn non_finite_rows_come_out_nan_on_every_route() {
                     epi,
                 );
                 for layout in layouts() {
-                    let rows = q.quantize_rows(layout, &x, m);
+                    let rows = q.quantize_rows(layout, &x, k, m);
                     let mut isas = vec![CpuIsa::Baseline];
                     isas.extend(routes().into_iter().filter(|&isa| reads(isa, layout)));
                     for isa in isas {
@@ -368,3 +368,4 @@ fn int8_attention_follows_the_f32_route() {
         }
     }
 }
+
