@@ -22,8 +22,8 @@ use std::{cell::RefCell, mem::MaybeUninit};
 use rayon::prelude::*;
 
 use crate::{
-    dense::{self, Dst, Epilogue, Panel, RowNorm, NR},
-    feed_forward::{PreNorm, TaskProduct},
+    dense::{self, Dst, Epilogue, Panel, RowNorm, TaskProduct, NR},
+    feed_forward::PreNorm,
     isa::cpu_isa,
     kernels::{add_into, qk_norm_rope_row, rope_row, softmax_row, Heads, Keys},
 };
@@ -281,8 +281,7 @@ pub(crate) fn block<W: TaskProduct>(
     let half = heads.d / 2;
     match around {
         Around::PostNorm(norm) => {
-            assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
-            assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
+            norm.assert_fits(m, n);
         }
         Around::PreNorm {
             norm,
@@ -366,7 +365,7 @@ pub(crate) fn block<W: TaskProduct>(
             // borrowed.
             unsafe {
                 let (x, y) = (input.as_ptr(), qkv.as_mut_ptr());
-                w.qkv.task_rows(isa, x, k, rows, y, width, qkv_epi);
+                w.qkv.rows_into_on(isa, x, k, rows, y, width, qkv_epi);
             }
             if let Around::PreNorm {
                 qk_norm, cos, sin, ..
@@ -405,14 +404,14 @@ pub(crate) fn block<W: TaskProduct>(
             // SAFETY: as above; the task writes only its own rows of `y` (m × n).
             unsafe {
                 w.out
-                    .task_rows(isa, ctx.as_ptr(), h, rows, out.at(r0 * n), n, out_epi)
+                    .rows_into_on(isa, ctx.as_ptr(), h, rows, out.at(r0 * n), n, out_epi)
             };
         });
         match around {
             // SAFETY: this task's rows, every output of which it has just stored.
             Around::PostNorm(norm) => unsafe { norm.apply_to(out, n, r0..r0 + rows) },
             Around::PreNorm { .. } => {
-                // SAFETY: as above; the task owns these rows of `y` whole, and `task_rows`
+                // SAFETY: as above; the task owns these rows of `y` whole, and `rows_into_on`
                 // has just stored every value of them, so they are initialized floats.
                 let own = unsafe { std::slice::from_raw_parts_mut(out.at(r0 * n), rows * n) };
                 add_into(own, &x[r0 * n..(r0 + rows) * n]);
@@ -449,7 +448,9 @@ mod tests {
 
     /// BERT's block over [`weights`]: QKV with its bias, the output without (the add-norm's
     /// params carry its bias).
-    fn bert_weights(w: &(PackedLinear, PackedLinear, Vec<f32>, Vec<f32>)) -> BlockWeights<'_, PackedLinear> {
+    fn bert_weights(
+        w: &(PackedLinear, PackedLinear, Vec<f32>, Vec<f32>),
+    ) -> BlockWeights<'_, PackedLinear> {
         BlockWeights {
             qkv: &w.0,
             qkv_bias: Some(&w.2),
@@ -553,9 +554,9 @@ mod tests {
                 eps: 1e-12,
             };
             let isa = cpu_isa();
-            let mixed = qkv.product(isa, &x, m, Epilogue::Bias(&qkv_bias), None);
+            let mixed = qkv.forward_on(isa, &x, m, Epilogue::Bias(&qkv_bias), None);
             let ctx = sequences_int8(&mixed, &lens, heads);
-            let want = out.product(isa, &ctx, m, Epilogue::None, Some(norm));
+            let want = out.forward_on(isa, &ctx, m, Epilogue::None, Some(norm));
             // Poison what the output may reuse, so a value left unwritten fails.
             drop(std::hint::black_box(vec![f32::NAN; m * hidden]));
             let got = block(w, &x, &lens, heads, Keys::Row, Around::PostNorm(norm))

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use crate::{
     isa::{cpu_isa, l2_bytes, CpuIsa},
-    kernels::{self, add_norm_rows, gelu},
+    kernels::{self, add_norm_rows, gelu, Products},
 };
 
 /// What a dense kernel does to each output before it stores it: the layer's bias, and
@@ -66,6 +66,12 @@ pub(crate) struct RowNorm<'a> {
 }
 
 impl RowNorm<'_> {
+    /// Panics unless the residual is `[m, n]` and the params `[3, n]`.
+    pub(crate) fn assert_fits(self, m: usize, n: usize) {
+        assert_eq!(self.residual.len(), m * n, "residual is not [{m}, {n}]");
+        assert_eq!(self.params.len(), 3 * n, "add-norm params are not [3, {n}]");
+    }
+
     /// Normalizes rows `rows` of the `n`-wide output at `y`, in place, against the same
     /// rows of the residual.
     ///
@@ -160,7 +166,7 @@ fn panel_fn(isa: CpuIsa) -> unsafe fn(Panel) {
     unreachable!("the f32 dense kernel off x86-64 ({isa:?})")
 }
 
-/// A dense layer's f32 weight, packed for [`PackedLinear::forward`].
+/// A dense layer's f32 weight, packed for its [`TaskProduct`] products.
 pub(crate) struct PackedLinear {
     /// Inputs (`k`) and outputs (`n`).
     k: usize,
@@ -205,16 +211,6 @@ impl PackedLinear {
         }
     }
 
-    /// Inputs.
-    pub(crate) fn in_features(&self) -> usize {
-        self.k
-    }
-
-    /// Outputs.
-    pub(crate) fn out_features(&self) -> usize {
-        self.n
-    }
-
     /// The weight as `[n, k]` rows, one per output (what int8 quantizes from).
     pub(crate) fn rows(&self) -> Vec<f32> {
         let (k, width) = (self.k, self.width);
@@ -230,7 +226,7 @@ impl PackedLinear {
 
     /// `epi(x · w)` for `x` row-major `[m, k]`; returns `[m, n]` row-major. Panics where
     /// [`runs_here`] is false: callers check it before packing. (The layers call
-    /// [`forward_on`](Self::forward_on) through `feed_forward::TaskProduct`.)
+    /// [`TaskProduct::forward_on`].)
     #[cfg(test)]
     pub(crate) fn forward(&self, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
         self.forward_on(cpu_isa(), x, m, epi, None)
@@ -241,19 +237,6 @@ impl PackedLinear {
     #[cfg(test)]
     pub(crate) fn forward_norm(&self, x: &[f32], m: usize, norm: RowNorm) -> Vec<f32> {
         self.forward_on(cpu_isa(), x, m, Epilogue::None, Some(norm))
-    }
-
-    /// [`forward`](Self::forward) on the route of `isa` (tests run each one the CPU has),
-    /// in the order [`TILE_ORDER_MAX_K`] picks for it, rows then normalized by `norm`.
-    pub(crate) fn forward_on(
-        &self,
-        isa: CpuIsa,
-        x: &[f32],
-        m: usize,
-        epi: Epilogue,
-        norm: Option<RowNorm>,
-    ) -> Vec<f32> {
-        self.forward_in(isa, x, m, epi, norm, self.chunk(isa))
     }
 
     /// The task order [`TILE_ORDER_MAX_K`] picks on `isa`'s route: tile order over chunks
@@ -281,14 +264,7 @@ impl PackedLinear {
         // A chunk holds one panel at least (an L2 smaller than a panel's share).
         let chunk = chunk.map(|c| c.max(1));
         let panel = panel_fn(isa);
-        assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
-        if let Some(b) = epi.bias() {
-            assert_eq!(b.len(), n, "bias is not [{n}]");
-        }
-        if let Some(norm) = norm {
-            assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
-            assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
-        }
+        self.assert_inputs(x, m, epi, norm);
         // Not zeroed first: the tiles write every output.
         let mut y: Vec<f32> = Vec::with_capacity(m * n);
         let out = Dst(y.as_mut_ptr());
@@ -335,30 +311,6 @@ impl PackedLinear {
                 .for_each(|(y, res)| add_norm_rows(y, res, norm.params, norm.eps));
         }
         y
-    }
-
-    /// `epi(x · w)` for `rows` rows of `x` (row stride `lda`) into `y` (row stride
-    /// `ldy`), on the calling thread and the route of `isa`, in the order
-    /// [`TILE_ORDER_MAX_K`] picks: for callers that carry a task of rows through several
-    /// steps (attention's block, the feed-forward's).
-    ///
-    /// # Safety
-    /// The CPU has `isa`'s route; `x` is readable for `rows` rows of `k` values and `y`
-    /// writable for `rows` rows of `n`, and no other thread writes either meanwhile.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn rows_into_on(
-        &self,
-        isa: CpuIsa,
-        x: *const f32,
-        lda: usize,
-        rows: usize,
-        y: *mut f32,
-        ldy: usize,
-        epi: Epilogue,
-    ) {
-        let chunk = self.chunk(isa);
-        let panels = 0..self.n.div_ceil(self.width);
-        self.task(panel_fn(isa), x, lda, rows, panels, y, ldy, epi, chunk)
     }
 
     /// One task's share of a product: `rows` rows of `x` (row stride `lda`, `k` inputs
@@ -472,6 +424,111 @@ pub(crate) struct Panel<'a> {
 /// aliases neither; `width` is [`NR`] or [`WIDE_NR`].
 pub(crate) unsafe fn panel(p: Panel) {
     panel_fn(cpu_isa())(p)
+}
+
+/// A dense layer whose product a task can run on its own rows: gpulane's packed f32
+/// ([`PackedLinear`]) and int8 (`int8::QuantLinear`) kernels, which BERT's fused steps
+/// (`attention::block`, `feed_forward::Bert`) take either of.
+pub(crate) trait TaskProduct: Sync {
+    /// Rows one task carries through the layers (each kernel's own tuned count).
+    const TASK_ROWS: usize;
+    /// What attention's products run in after this layer's QKV product.
+    const PRODUCTS: Products;
+    /// Inputs and outputs, `(k, n)`.
+    fn shape(&self) -> (usize, usize);
+
+    fn in_features(&self) -> usize {
+        self.shape().0
+    }
+
+    fn out_features(&self) -> usize {
+        self.shape().1
+    }
+
+    /// Panics unless `x` is `m` rows of inputs, the epilogue's bias one per output, and
+    /// `norm`, where given, fits the `[m, n]` outputs.
+    fn assert_inputs(&self, x: &[f32], m: usize, epi: Epilogue, norm: Option<RowNorm>) {
+        let (k, n) = self.shape();
+        assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
+        if let Some(b) = epi.bias() {
+            assert_eq!(b.len(), n, "bias is not [{n}]");
+        }
+        if let Some(norm) = norm {
+            norm.assert_fits(m, n);
+        }
+    }
+    /// The whole product on `m` rows, each output row then normalized by `norm`.
+    fn forward_on(
+        &self,
+        isa: CpuIsa,
+        x: &[f32],
+        m: usize,
+        epi: Epilogue,
+        norm: Option<RowNorm>,
+    ) -> Vec<f32>;
+    /// One task's rows: `rows` rows of `x` (row stride `lda`) into `y` (row stride `ldy`).
+    ///
+    /// # Safety
+    /// `isa` runs here; `x` is readable and `y` writable for those rows, and no other
+    /// thread writes them meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_into_on(
+        &self,
+        isa: CpuIsa,
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+        epi: Epilogue,
+    );
+}
+
+impl TaskProduct for PackedLinear {
+    const TASK_ROWS: usize = ROWS_PER_TASK;
+    const PRODUCTS: Products = Products::F32;
+
+    fn shape(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+
+    /// `epi(x · w)` for `x` row-major `[m, k]` on the route of `isa` (tests run each one
+    /// the CPU has), in the order [`TILE_ORDER_MAX_K`] picks for it, rows then normalized
+    /// by `norm`.
+    fn forward_on(
+        &self,
+        isa: CpuIsa,
+        x: &[f32],
+        m: usize,
+        epi: Epilogue,
+        norm: Option<RowNorm>,
+    ) -> Vec<f32> {
+        self.forward_in(isa, x, m, epi, norm, self.chunk(isa))
+    }
+
+    /// `epi(x · w)` for `rows` rows of `x` (row stride `lda`) into `y` (row stride
+    /// `ldy`), on the calling thread and the route of `isa`, in the order
+    /// [`TILE_ORDER_MAX_K`] picks: for callers that carry a task of rows through several
+    /// steps (attention's block, the feed-forward's).
+    ///
+    /// # Safety
+    /// The CPU has `isa`'s route; `x` is readable for `rows` rows of `k` values and `y`
+    /// writable for `rows` rows of `n`, and no other thread writes either meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_into_on(
+        &self,
+        isa: CpuIsa,
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+        epi: Epilogue,
+    ) {
+        let chunk = self.chunk(isa);
+        let panels = 0..self.n.div_ceil(self.width);
+        self.task(panel_fn(isa), x, lda, rows, panels, y, ldy, epi, chunk)
+    }
 }
 
 /// The output buffer, shared by tasks that write disjoint tiles of it.

@@ -11,10 +11,9 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use crate::{
-    dense::{fills_the_cores, Dst, Epilogue, PackedLinear, RowNorm, ROWS_PER_TASK},
-    int8::{self, QuantLinear},
+    dense::{fills_the_cores, Dst, Epilogue, PackedLinear, RowNorm, TaskProduct, ROWS_PER_TASK},
     isa::{cpu_isa, CpuIsa},
-    kernels::{self, add_into, layer_norm_rows, rms_norm_rows, Products},
+    kernels::{self, add_into, layer_norm_rows, rms_norm_rows},
 };
 
 /// BERT's feed-forward and the add-norm after it: `norm(GELU(x · up + up_bias) · down)`
@@ -30,108 +29,6 @@ pub(crate) struct Bert<'a, W> {
     pub(crate) up: &'a W,
     pub(crate) up_bias: &'a [f32],
     pub(crate) down: &'a W,
-}
-
-/// A dense layer whose product a task can run on its own rows: gpulane's packed f32
-/// ([`PackedLinear`]) and int8 ([`QuantLinear`]) kernels.
-pub(crate) trait TaskProduct: Sync {
-    /// Rows one task carries through the layers (each kernel's own tuned count).
-    const TASK_ROWS: usize;
-    /// What attention's products run in after this layer's QKV product.
-    const PRODUCTS: Products;
-    fn in_features(&self) -> usize;
-    fn out_features(&self) -> usize;
-    /// The whole product on `m` rows, each output row then normalized by `norm`.
-    fn product(
-        &self,
-        isa: CpuIsa,
-        x: &[f32],
-        m: usize,
-        epi: Epilogue,
-        norm: Option<RowNorm>,
-    ) -> Vec<f32>;
-    /// One task's rows: `rows` rows of `x` (row stride `lda`) into `y` (row stride `ldy`).
-    ///
-    /// # Safety
-    /// `isa` runs here; `x` is readable and `y` writable for those rows, and no other
-    /// thread writes them meanwhile.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn task_rows(
-        &self,
-        isa: CpuIsa,
-        x: *const f32,
-        lda: usize,
-        rows: usize,
-        y: *mut f32,
-        ldy: usize,
-        epi: Epilogue,
-    );
-}
-
-impl TaskProduct for PackedLinear {
-    const TASK_ROWS: usize = ROWS_PER_TASK;
-    const PRODUCTS: Products = Products::F32;
-    fn in_features(&self) -> usize {
-        self.in_features()
-    }
-    fn out_features(&self) -> usize {
-        self.out_features()
-    }
-    fn product(
-        &self,
-        isa: CpuIsa,
-        x: &[f32],
-        m: usize,
-        epi: Epilogue,
-        norm: Option<RowNorm>,
-    ) -> Vec<f32> {
-        self.forward_on(isa, x, m, epi, norm)
-    }
-    unsafe fn task_rows(
-        &self,
-        isa: CpuIsa,
-        x: *const f32,
-        lda: usize,
-        rows: usize,
-        y: *mut f32,
-        ldy: usize,
-        epi: Epilogue,
-    ) {
-        self.rows_into_on(isa, x, lda, rows, y, ldy, epi)
-    }
-}
-
-impl TaskProduct for QuantLinear {
-    const TASK_ROWS: usize = int8::ROWS_PER_TASK;
-    const PRODUCTS: Products = Products::Int8;
-    fn in_features(&self) -> usize {
-        self.in_features()
-    }
-    fn out_features(&self) -> usize {
-        self.out_features()
-    }
-    fn product(
-        &self,
-        isa: CpuIsa,
-        x: &[f32],
-        m: usize,
-        epi: Epilogue,
-        norm: Option<RowNorm>,
-    ) -> Vec<f32> {
-        self.forward_on(isa, x, m, epi, norm)
-    }
-    unsafe fn task_rows(
-        &self,
-        isa: CpuIsa,
-        x: *const f32,
-        lda: usize,
-        rows: usize,
-        y: *mut f32,
-        ldy: usize,
-        epi: Epilogue,
-    ) {
-        self.rows_into_on(isa, x, lda, rows, y, ldy, epi)
-    }
 }
 
 impl<W: TaskProduct> Bert<'_, W> {
@@ -152,13 +49,12 @@ impl<W: TaskProduct> Bert<'_, W> {
         );
         let row_tasks = m.div_ceil(W::TASK_ROWS);
         if !fills_the_cores(row_tasks) {
-            let mid = up.product(isa, x, m, Epilogue::BiasGelu(up_bias), None);
-            return down.product(isa, &mid, m, Epilogue::None, Some(norm));
+            let mid = up.forward_on(isa, x, m, Epilogue::BiasGelu(up_bias), None);
+            return down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
         }
         assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
         assert_eq!(up_bias.len(), i, "bias is not [{i}]");
-        assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
-        assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
+        norm.assert_fits(m, n);
         // Not zeroed first: the tiles write every output.
         let mut y: Vec<f32> = Vec::with_capacity(m * n);
         let out = Dst(y.as_mut_ptr());
@@ -174,9 +70,9 @@ impl<W: TaskProduct> Bert<'_, W> {
                 unsafe {
                     let x = x.as_ptr().add(rows.start * k);
                     let gelu = Epilogue::BiasGelu(up_bias);
-                    up.task_rows(isa, x, k, rows.len(), mid.as_mut_ptr(), i, gelu);
+                    up.rows_into_on(isa, x, k, rows.len(), mid.as_mut_ptr(), i, gelu);
                     let y = out.at(rows.start * n);
-                    down.task_rows(isa, mid.as_ptr(), i, rows.len(), y, n, Epilogue::None);
+                    down.rows_into_on(isa, mid.as_ptr(), i, rows.len(), y, n, Epilogue::None);
                 }
             });
             // SAFETY: as above: this task's rows, every output of which it has just stored.
@@ -353,6 +249,7 @@ mod tests {
     use super::*;
     use crate::{
         dense::tests::{pool, routes, same_bits, values},
+        int8::QuantLinear,
         kernels::{gated_gelu_row, gated_silu_row},
     };
 
@@ -414,8 +311,8 @@ mod tests {
                     params: &params,
                     eps: 1e-12,
                 };
-                let mid = up.product(isa, &x, m, Epilogue::BiasGelu(&bias), None);
-                let want = down.product(isa, &mid, m, Epilogue::None, Some(norm));
+                let mid = up.forward_on(isa, &x, m, Epilogue::BiasGelu(&bias), None);
+                let want = down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
                 // Poison what the output may reuse, so a value left unwritten fails.
                 drop(std::hint::black_box(vec![f32::NAN; m * n]));
                 let layer = Bert {

@@ -11,8 +11,8 @@ use super::{
 };
 use crate::{
     attention::{self, Around, BlockWeights},
-    dense::{self, Epilogue, PackedLinear, RowNorm},
-    feed_forward::{self, PreNorm, TaskProduct},
+    dense::{self, Epilogue, PackedLinear, RowNorm, TaskProduct},
+    feed_forward::{self, PreNorm},
     int8::QuantLinear,
     isa::cpu_isa,
     kernels::{self, CardOps, CpuF32, Heads, Keys, Mask, Products},
@@ -140,7 +140,7 @@ impl Weight {
             norm: Option<RowNorm>,
         ) -> Result<Tensor, ModelError> {
             cpu_product(x, w.out_features(), |x, m| {
-                w.product(cpu_isa(), x, m, epi, norm)
+                w.forward_on(cpu_isa(), x, m, epi, norm)
             })
         }
         match self {

@@ -35,8 +35,9 @@ pub(crate) use self::attend::{attend, attend_runs_here, AttendScratch};
 #[cfg(test)]
 use crate::kernels::gelu;
 use crate::{
-    dense::{Dst, Epilogue, RowNorm},
+    dense::{Dst, Epilogue, RowNorm, TaskProduct},
     isa::{cpu_isa, CpuIsa},
+    kernels::Products,
 };
 
 /// An output not written yet.
@@ -50,9 +51,9 @@ const TILE_ROWS: usize = 16;
 const TILE_BYTES: usize = 64;
 /// Activation rows one rayon task quantizes and multiplies: enough to reuse each weight
 /// panel from cache, few enough to split a small batch over both cores.
-pub(crate) const ROWS_PER_TASK: usize = 32;
+const ROWS_PER_TASK: usize = 32;
 
-/// A dense layer's weight `[out, in]`, quantized and packed for [`QuantLinear::forward_on`].
+/// A dense layer's weight `[out, in]`, quantized and packed for its `TaskProduct` products.
 pub(crate) struct QuantLinear {
     /// Inputs (`k`) and outputs (`n`).
     k: usize,
@@ -113,102 +114,10 @@ impl QuantLinear {
         }
     }
 
-    /// Inputs.
-    pub(crate) fn in_features(&self) -> usize {
-        self.k
-    }
-
-    /// Outputs.
-    pub(crate) fn out_features(&self) -> usize {
-        self.n
-    }
-
     /// `epi(x · wᵀ)` for `x` row-major `[m, k]`; returns `[m, n]` row-major.
     #[cfg(test)]
     pub(crate) fn forward(&self, x: &[f32], m: usize, epi: Epilogue) -> Vec<f32> {
         self.forward_on(cpu_isa(), x, m, epi, None)
-    }
-
-    /// `epi(x · wᵀ)` for `x` row-major `[m, k]` on the route of `isa`, returned `[m, n]`
-    /// row-major; each output row then normalized by `norm` where given, in the task that
-    /// stored it while the row is in its core's cache (as `PackedLinear::forward_on`
-    /// does: a separate add-norm pass read every row back, into a buffer it zeroed first).
-    pub(crate) fn forward_on(
-        &self,
-        isa: CpuIsa,
-        x: &[f32],
-        m: usize,
-        epi: Epilogue,
-        norm: Option<RowNorm>,
-    ) -> Vec<f32> {
-        let n = self.n;
-        assert_eq!(x.len(), m * self.k, "input is not [{m}, {}]", self.k);
-        if let Some(b) = epi.bias() {
-            assert_eq!(b.len(), n, "bias is not [{n}]");
-        }
-        if let Some(norm) = norm {
-            assert_eq!(norm.residual.len(), m * n, "residual is not [{m}, {n}]");
-            assert_eq!(norm.params.len(), 3 * n, "add-norm params are not [3, {n}]");
-        }
-        // Not zeroed first: zeroing every output (tokens × outputs floats per layer) cost
-        // a tenth of a long-passage run, and the kernels write every element.
-        let mut y: Vec<f32> = Vec::with_capacity(m * n);
-        let out = Dst(y.as_mut_ptr());
-        (0..m.div_ceil(ROWS_PER_TASK))
-            .into_par_iter()
-            .for_each(|t| {
-                let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(m);
-                // SAFETY: each task reads its own rows of x (asserted [m, k]) and writes
-                // every output of its own rows of y (m × n), which no other task touches;
-                // then it normalizes those rows.
-                unsafe {
-                    let x = x.as_ptr().add(rows.start * self.k);
-                    let y = out.at(rows.start * n);
-                    self.rows_into_on(isa, x, self.k, rows.len(), y, n, epi);
-                    if let Some(norm) = norm {
-                        norm.apply_to(out, n, rows);
-                    }
-                }
-            });
-        // SAFETY: the tasks cover every row, and each stores every column of its rows.
-        unsafe { y.set_len(m * n) };
-        y
-    }
-
-    /// One task's product: `epi(x · wᵀ)` for `rows` rows of `x` (row stride `lda`, `k`
-    /// inputs each) into `y` (row stride `ldy`, `n` outputs each), on the route of `isa`.
-    ///
-    /// # Safety
-    /// `x` is readable for `rows` rows of `lda ≥ k` values, `y` writable for `rows` rows of
-    /// `ldy ≥ n`, and no other thread writes those outputs meanwhile.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn rows_into_on(
-        &self,
-        isa: CpuIsa,
-        x: *const f32,
-        lda: usize,
-        rows: usize,
-        y: *mut f32,
-        ldy: usize,
-        epi: Epilogue,
-    ) {
-        assert!(
-            lda >= self.k && ldy >= self.n,
-            "strides {lda}, {ldy} for [{}, {}]",
-            self.k,
-            self.n
-        );
-        // In chunks of a task's rows, whatever the caller's task: a chunk's quantized rows
-        // (12 KiB at MiniLM's 384 inputs) stay in L1 while every weight panel passes
-        // them, where a whole 256-token passage's would not.
-        for r0 in (0..rows).step_by(ROWS_PER_TASK) {
-            let rows = (rows - r0).min(ROWS_PER_TASK);
-            let x = std::slice::from_raw_parts(x.add(r0 * lda), (rows - 1) * lda + self.k);
-            let y = y.add(r0 * ldy).cast::<Out>();
-            let y = std::slice::from_raw_parts_mut(y, (rows - 1) * ldy + self.n);
-            let q = self.quantize_rows(isa, x, lda, rows);
-            self.matmul_on(isa, &q, rows, y, ldy, epi);
-        }
     }
 
     /// Rows quantized to u8 (what `vpdpbusd` and `tdpbusd` take on their unsigned side),
@@ -377,6 +286,90 @@ struct Job<'a, A> {
     sa: &'a [RowScale],
     epi: Epilogue<'a>,
     ldy: usize,
+}
+
+impl TaskProduct for QuantLinear {
+    const TASK_ROWS: usize = ROWS_PER_TASK;
+    const PRODUCTS: Products = Products::Int8;
+
+    fn shape(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+
+    /// `epi(x · wᵀ)` for `x` row-major `[m, k]` on the route of `isa`, returned `[m, n]`
+    /// row-major; each output row then normalized by `norm` where given, in the task that
+    /// stored it while the row is in its core's cache (as `PackedLinear::forward_on`
+    /// does: a separate add-norm pass read every row back, into a buffer it zeroed first).
+    fn forward_on(
+        &self,
+        isa: CpuIsa,
+        x: &[f32],
+        m: usize,
+        epi: Epilogue,
+        norm: Option<RowNorm>,
+    ) -> Vec<f32> {
+        let n = self.n;
+        self.assert_inputs(x, m, epi, norm);
+        // Not zeroed first: zeroing every output (tokens × outputs floats per layer) cost
+        // a tenth of a long-passage run, and the kernels write every element.
+        let mut y: Vec<f32> = Vec::with_capacity(m * n);
+        let out = Dst(y.as_mut_ptr());
+        (0..m.div_ceil(ROWS_PER_TASK))
+            .into_par_iter()
+            .for_each(|t| {
+                let rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(m);
+                // SAFETY: each task reads its own rows of x (asserted [m, k]) and writes
+                // every output of its own rows of y (m × n), which no other task touches;
+                // then it normalizes those rows.
+                unsafe {
+                    let x = x.as_ptr().add(rows.start * self.k);
+                    let y = out.at(rows.start * n);
+                    self.rows_into_on(isa, x, self.k, rows.len(), y, n, epi);
+                    if let Some(norm) = norm {
+                        norm.apply_to(out, n, rows);
+                    }
+                }
+            });
+        // SAFETY: the tasks cover every row, and each stores every column of its rows.
+        unsafe { y.set_len(m * n) };
+        y
+    }
+
+    /// One task's product: `epi(x · wᵀ)` for `rows` rows of `x` (row stride `lda`, `k`
+    /// inputs each) into `y` (row stride `ldy`, `n` outputs each), on the route of `isa`.
+    ///
+    /// # Safety
+    /// `x` is readable for `rows` rows of `lda ≥ k` values, `y` writable for `rows` rows of
+    /// `ldy ≥ n`, and no other thread writes those outputs meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_into_on(
+        &self,
+        isa: CpuIsa,
+        x: *const f32,
+        lda: usize,
+        rows: usize,
+        y: *mut f32,
+        ldy: usize,
+        epi: Epilogue,
+    ) {
+        assert!(
+            lda >= self.k && ldy >= self.n,
+            "strides {lda}, {ldy} for [{}, {}]",
+            self.k,
+            self.n
+        );
+        // In chunks of a task's rows, whatever the caller's task: a chunk's quantized rows
+        // (12 KiB at MiniLM's 384 inputs) stay in L1 while every weight panel passes
+        // them, where a whole 256-token passage's would not.
+        for r0 in (0..rows).step_by(ROWS_PER_TASK) {
+            let rows = (rows - r0).min(ROWS_PER_TASK);
+            let x = std::slice::from_raw_parts(x.add(r0 * lda), (rows - 1) * lda + self.k);
+            let y = y.add(r0 * ldy).cast::<Out>();
+            let y = std::slice::from_raw_parts_mut(y, (rows - 1) * ldy + self.n);
+            let q = self.quantize_rows(isa, x, lda, rows);
+            self.matmul_on(isa, &q, rows, y, ldy, epi);
+        }
+    }
 }
 
 /// A task's activation rows in u8, as [`QuantLinear::quantize_rows`] lays them out for a

@@ -368,4 +368,3 @@ fn int8_attention_follows_the_f32_route() {
         }
     }
 }
-
