@@ -464,16 +464,30 @@ mod tests {
     /// The attention step apart: each of `lens`' sequences of the packed `mixed` QKV rows
     /// through [`sequence`] under `keys`, as `kernels::attention` runs it.
     fn sequences(mixed: &[f32], lens: &[usize], heads: Heads, keys: Keys) -> Vec<f32> {
+        let mut scratch = Scratch::default();
+        each_sequence(mixed, lens, heads, |rows, len, c| {
+            sequence(rows, len, heads, keys.in_row_of(len), c, &mut scratch)
+        })
+    }
+
+    /// The context rows of `lens`' sequences of the packed `mixed` QKV rows, each
+    /// non-empty one through `attend(rows, len, out)`.
+    fn each_sequence(
+        mixed: &[f32],
+        lens: &[usize],
+        heads: Heads,
+        mut attend: impl FnMut(&[f32], usize, &mut [MaybeUninit<f32>]),
+    ) -> Vec<f32> {
         let (width, h) = (heads.qkv_width(), heads.q * heads.d);
         let mut ctx = vec![0f32; lens.iter().sum::<usize>() * h];
-        let (mut at, mut scratch) = (0, Scratch::default());
+        let mut at = 0;
         for &len in lens {
             let rows = &mixed[at * width..(at + len) * width];
             let c = &mut ctx[at * h..(at + len) * h];
             // SAFETY: floats viewed as maybe-uninitialized ones, written as floats.
             let c = unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) };
             if len > 0 {
-                sequence(rows, len, heads, keys.in_row_of(len), c, &mut scratch);
+                attend(rows, len, c);
             }
             at += len;
         }
@@ -573,18 +587,10 @@ mod tests {
     fn sequences_int8(mixed: &[f32], lens: &[usize], heads: Heads) -> Vec<f32> {
         #[cfg(target_arch = "x86_64")]
         if int8::attend_runs_here() {
-            let (width, h) = (heads.qkv_width(), heads.q * heads.d);
-            let mut ctx = vec![0f32; lens.iter().sum::<usize>() * h];
-            let (mut at, mut scratch) = (0, int8::AttendScratch::default());
-            for &len in lens.iter().filter(|&&len| len > 0) {
-                let rows = &mixed[at * width..(at + len) * width];
-                let c = &mut ctx[at * h..(at + len) * h];
-                // SAFETY: floats viewed as maybe-uninitialized ones, written as floats.
-                let c = unsafe { &mut *(c as *mut [f32] as *mut [MaybeUninit<f32>]) };
-                int8::attend(rows, len, heads, Keys::Row, c, &mut scratch);
-                at += len;
-            }
-            return ctx;
+            let mut scratch = int8::AttendScratch::default();
+            return each_sequence(mixed, lens, heads, |rows, len, c| {
+                int8::attend(rows, len, heads, Keys::Row, c, &mut scratch)
+            });
         }
         sequences(mixed, lens, heads, Keys::Row)
     }

@@ -249,7 +249,7 @@ mod tests {
     use super::*;
     use crate::{
         dense::tests::{pool, routes, same_bits, values},
-        int8::QuantLinear,
+        int8::{self, QuantLinear},
         kernels::{gated_gelu_row, gated_silu_row},
     };
 
@@ -267,28 +267,12 @@ mod tests {
             PackedLinear::new(&up_w, k, i),
             PackedLinear::new(&down_w, i, n),
         );
-        // QuantLinear takes its weight `[out, in]`.
-        let transpose = |w: &[f32], rows: usize, cols: usize| {
-            let mut t = vec![0f32; w.len()];
-            for r in 0..rows {
-                for c in 0..cols {
-                    t[c * rows + r] = w[r * cols + c];
-                }
-            }
-            t
-        };
+        // QuantLinear takes its weight `[out, in]`, as `rows` gives it.
         let int8_layers = (
-            QuantLinear::new(&transpose(&up_w, k, i), i, k),
-            QuantLinear::new(&transpose(&down_w, i, n), n, i),
+            QuantLinear::new(&f32_layers.0.rows(), i, k),
+            QuantLinear::new(&f32_layers.1.rows(), n, i),
         );
-        let int8_routes = [
-            CpuIsa::Baseline,
-            CpuIsa::Avx2,
-            CpuIsa::Avx512Vnni,
-            CpuIsa::Amx,
-        ]
-        .into_iter()
-        .filter(|isa| isa.runs_here());
+        let int8_routes = std::iter::once(CpuIsa::Baseline).chain(int8::tests::routes());
         for isa in routes() {
             fused_matches_apart(isa, &f32_layers, &mut seed);
         }

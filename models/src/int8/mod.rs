@@ -25,7 +25,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use rayon::prelude::*;
 

@@ -20,7 +20,7 @@ fn reference(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
 
 /// The routes this CPU runs besides the portable one: AVX2, and VNNI and AMX where it has
 /// them.
-fn routes() -> Vec<CpuIsa> {
+pub(crate) fn routes() -> Vec<CpuIsa> {
     [CpuIsa::Avx2, CpuIsa::Avx512Vnni, CpuIsa::Amx]
         .into_iter()
         .filter(|&isa| isa.runs_here())
