@@ -3,7 +3,7 @@
 use std::arch::x86_64::*;
 
 use super::{Epilogue, Out, RowScale, PANEL};
-use crate::isa::avx512_lanes;
+use crate::isa::{avx512_lanes, store_levels64};
 
 pub(super) type Job<'a> = super::Job<'a, u8>;
 
@@ -11,32 +11,39 @@ pub(super) type Job<'a> = super::Job<'a, u8>;
 const MR: usize = 8;
 const NV: usize = 3;
 
-/// [`super::quantize_row`] sixteen values at a time, and 64 to a store.
-///
-/// Why 64: narrowing each vector of 16 i32 to bytes with its own (masked) store, as the
-/// first version did, cost 4 uops a 16-byte store on Intel, and quantizing was a tenth of
-/// an int8 pass once AMX took the products. Four vectors packed with saturation and put
-/// back in order take one 64-byte store; only a row's tail takes masks.
+/// [`super::quantize_row`] sixteen values at a time, and 64 to a store
+/// ([`store_levels64`]; only a row's tail takes masks): with each vector narrowed by its
+/// own masked store, quantizing was a tenth of an int8 pass once AMX took the products.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(super) unsafe fn quantize_row(row: &[f32], q: &mut [u8]) -> RowScale {
     let (k, x) = (row.len(), row.as_ptr());
     let full = k / 16 * 16;
     let tail = avx512_lanes(k - full);
-    // The tail's masked-off lanes load as 0, which the range holds anyway.
-    let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    // Four of each running value, so that the range pass is not one chain of `minps`
+    // (4 cycles each on Intel) a vector: min and max are exact in any order, so the range
+    // keeps its bits. The tail's masked-off lanes load as 0, which the range holds anyway.
+    let (mut lo, mut hi) = ([_mm512_setzero_ps(); 4], [_mm512_setzero_ps(); 4]);
     // v · 0 is 0 for a finite v and NaN for NaN or an infinity, which `minps`/`maxps`
     // would drop or keep depending on the operand order: summed, one bad lane shows.
-    let (none, mut bad) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    for i in (0..full).step_by(16) {
-        let v = _mm512_loadu_ps(x.add(i));
-        lo = _mm512_min_ps(lo, v);
-        hi = _mm512_max_ps(hi, v);
-        bad = _mm512_fmadd_ps(v, none, bad);
+    let (none, mut bad) = (_mm512_setzero_ps(), [_mm512_setzero_ps(); 4]);
+    let mut take = |j: usize, v: __m512| {
+        lo[j] = _mm512_min_ps(lo[j], v);
+        hi[j] = _mm512_max_ps(hi[j], v);
+        bad[j] = _mm512_fmadd_ps(v, none, bad[j]);
+    };
+    let quad = k / 64 * 64;
+    for i in (0..quad).step_by(64) {
+        for j in 0..4 {
+            take(j, _mm512_loadu_ps(x.add(i + 16 * j)));
+        }
     }
-    let v = _mm512_maskz_loadu_ps(tail, x.add(full));
-    lo = _mm512_min_ps(lo, v);
-    hi = _mm512_max_ps(hi, v);
-    bad = _mm512_fmadd_ps(v, none, bad);
+    for i in (quad..full).step_by(16) {
+        take(0, _mm512_loadu_ps(x.add(i)));
+    }
+    take(1, _mm512_maskz_loadu_ps(tail, x.add(full)));
+    let lo = _mm512_min_ps(_mm512_min_ps(lo[0], lo[1]), _mm512_min_ps(lo[2], lo[3]));
+    let hi = _mm512_max_ps(_mm512_max_ps(hi[0], hi[1]), _mm512_max_ps(hi[2], hi[3]));
+    let bad = _mm512_add_ps(_mm512_add_ps(bad[0], bad[1]), _mm512_add_ps(bad[2], bad[3]));
     if _mm512_reduce_add_ps(bad).is_nan() {
         q.fill(0);
         return RowScale::NON_FINITE;
@@ -50,18 +57,9 @@ pub(super) unsafe fn quantize_row(row: &[f32], q: &mut [u8]) -> RowScale {
         let v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v, inv)), zero);
         _mm512_min_epi32(_mm512_max_epi32(v, floor), ceil)
     };
-    // Both packs work within 128-bit lanes: lane L of the bytes holds four values of each
-    // input vector in turn, [a 4L..4L+3, b .., c .., d ..]; this puts the dwords back.
-    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    let quad = k / 64 * 64;
     for i in (0..quad).step_by(64) {
-        let [a, b, c, d] = [0, 16, 32, 48].map(|o| level(_mm512_loadu_ps(x.add(i + o))));
-        // Levels are 0..=255 already, so neither pack saturates.
-        let bytes = _mm512_packus_epi16(_mm512_packus_epi32(a, b), _mm512_packus_epi32(c, d));
-        _mm512_storeu_si512(
-            q.as_mut_ptr().add(i) as *mut _,
-            _mm512_permutexvar_epi32(order, bytes),
-        );
+        let levels = [0, 16, 32, 48].map(|o| level(_mm512_loadu_ps(x.add(i + o))));
+        store_levels64(q.as_mut_ptr().add(i), levels);
     }
     for i in (quad..k).step_by(16) {
         let m = avx512_lanes(k - i);
@@ -148,11 +146,11 @@ unsafe fn tile<const R: usize, const V: usize>(j: &Job, r: usize, p: usize, y: &
             }
         }
     }
-    for (i, acc) in acc.iter().enumerate() {
+    for (i, acc) in acc.into_iter().enumerate() {
         let row = r + i;
         let dst = y.as_mut_ptr().add(row * ldy) as *mut f32;
-        for (v, acc) in acc.iter().enumerate() {
-            store(j, sa[row], *acc, (p + v) * PANEL, dst);
+        for (v, acc) in acc.into_iter().enumerate() {
+            store(j, sa[row], acc, (p + v) * PANEL, dst);
         }
     }
 }

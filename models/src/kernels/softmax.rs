@@ -158,6 +158,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{EXP_POLY, LN2_HI, LN2_LO};
+    use crate::isa::store_levels64;
 
     /// Lanes `i..` that exist in a row of `n`.
     #[inline(always)]
@@ -214,7 +215,23 @@ mod avx512 {
         let (n, p, out) = (x.len(), x.as_ptr(), q.as_mut_ptr());
         let max = max_of(x);
         let (mut sum, levels) = (_mm512_setzero_ps(), _mm512_set1_ps(255.0));
-        for i in (0..n).step_by(16) {
+        let exp = |i: usize| exp16_to(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), max), &LEVEL_POLY);
+        // To nearest (the default mode); at most 255 · e⁰ = 255. (A row with a non-finite
+        // score has a NaN sum, so its levels do not matter.)
+        let level = |e: __m512| _mm512_cvtps_epi32(_mm512_mul_ps(e, levels));
+        // Whole runs of 64 take one store ([`store_levels64`]). With a narrowing store a
+        // vector, as the tail below still takes, this was 9.8% of a long int8 pass on an
+        // Ice Lake Xeon (`perf`), a quarter of it at that store. The sum still adds the
+        // vectors in order, so it keeps its bits.
+        let quad = n / 64 * 64;
+        for i in (0..quad).step_by(64) {
+            let e = [0, 16, 32, 48].map(|o| exp(i + o));
+            for e in e {
+                sum = _mm512_add_ps(sum, e);
+            }
+            store_levels64(out.add(i), e.map(level));
+        }
+        for i in (quad..n).step_by(16) {
             let m = live(n, i);
             let e = exp16_to(
                 _mm512_sub_ps(_mm512_maskz_loadu_ps(m, p.add(i)), max),
