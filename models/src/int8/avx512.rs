@@ -146,6 +146,8 @@ unsafe fn tile<const R: usize, const V: usize>(j: &Job, r: usize, p: usize, y: &
             }
         }
     }
+    // By value: read by reference here, the accumulators lived on the stack, zeroed by a
+    // 1.5 KiB `memset` at every tile and loaded back before the loop (`perf annotate`).
     for (i, acc) in acc.into_iter().enumerate() {
         let row = r + i;
         let dst = y.as_mut_ptr().add(row * ldy) as *mut f32;
