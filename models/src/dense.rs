@@ -437,10 +437,12 @@ pub(crate) trait TaskProduct: Sync {
     /// Inputs and outputs, `(k, n)`.
     fn shape(&self) -> (usize, usize);
 
+    /// Inputs, `k`.
     fn in_features(&self) -> usize {
         self.shape().0
     }
 
+    /// Outputs, `n`.
     fn out_features(&self) -> usize {
         self.shape().1
     }
@@ -457,6 +459,7 @@ pub(crate) trait TaskProduct: Sync {
             norm.assert_fits(m, n);
         }
     }
+
     /// The whole product on `m` rows, each output row then normalized by `norm`.
     fn forward_on(
         &self,

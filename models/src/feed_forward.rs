@@ -52,8 +52,7 @@ impl<W: TaskProduct> Bert<'_, W> {
             let mid = up.forward_on(isa, x, m, Epilogue::BiasGelu(up_bias), None);
             return down.forward_on(isa, &mid, m, Epilogue::None, Some(norm));
         }
-        assert_eq!(x.len(), m * k, "input is not [{m}, {k}]");
-        assert_eq!(up_bias.len(), i, "bias is not [{i}]");
+        up.assert_inputs(x, m, Epilogue::BiasGelu(up_bias), None);
         norm.assert_fits(m, n);
         // Not zeroed first: the tiles write every output.
         let mut y: Vec<f32> = Vec::with_capacity(m * n);
