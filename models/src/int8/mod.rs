@@ -37,7 +37,7 @@ use crate::kernels::gelu;
 use crate::{
     dense::{Dst, Epilogue, RowNorm, TaskProduct},
     isa::{cpu_isa, CpuIsa},
-    kernels::Products,
+    kernels::{gelu_fused, Products},
 };
 
 /// An output not written yet.
@@ -252,7 +252,8 @@ impl QuantLinear {
                         acc += a[g * 4 + j] as i32 * w[j] as i32;
                     }
                 }
-                y[r * ldy + c].write(epi.apply(self.dequantize(acc, sa[r], c), c));
+                let v = self.dequantize(acc, sa[r], c);
+                y[r * ldy + c].write(epi.apply(v, c, gelu_fused));
             }
         }
     }
