@@ -32,10 +32,8 @@ pub(crate) enum Epilogue<'a> {
 }
 
 impl<'a> Epilogue<'a> {
-    /// `v`, output column `col`, through the epilogue with the given GELU (f32's
-    /// [`gelu`] or int8's [`kernels::gelu_fused`]).
     #[inline(always)]
-    pub(crate) fn apply(self, v: f32, col: usize, gelu: fn(f32) -> f32) -> f32 {
+    pub(crate) fn apply(self, v: f32, col: usize) -> f32 {
         match self {
             Epilogue::None => v,
             Epilogue::Bias(b) => v + b[col],
@@ -948,7 +946,7 @@ pub(crate) mod tests {
         for epi in [Epilogue::Bias(&b), Epilogue::BiasGelu(&b)] {
             let got = l.forward_on(isa, &x, m, epi, None);
             for (i, g) in got.iter().enumerate() {
-                let want = epi.apply(plain[i], i % n, gelu);
+                let want = epi.apply(plain[i], i % n);
                 assert!(
                     (g - want).abs() <= 1e-6,
                     "{isa:?} {epi:?}, {width} wide, at {i}: {g} vs {want}"

@@ -116,7 +116,8 @@ pub(super) unsafe fn matmul(j: &super::Job<u8>, rows: usize, y: &mut [Out]) {
 /// dimension. Each 16 packed weight bytes (four columns' four inputs) widen to one
 /// register; `vpmaddwd` against a row's four inputs, repeated, leaves each column's
 /// two pair sums in adjacent lanes, which one `vphaddd` joins at the end.
-// FMA for the epilogue's GELU (the route runs where `CpuIsa::Avx2` found both).
+// FMA for the epilogue's GELU (`kernels::gelu` fuses its multiply-adds; the route runs
+// where `CpuIsa::Avx2` found both).
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile<const R: usize>(j: &Job, r: usize, p: usize, h: usize, y: &mut [Out]) {
     let Job {
@@ -168,10 +169,9 @@ unsafe fn tile<const R: usize>(j: &Job, r: usize, p: usize, h: usize, y: &mut [O
             Epilogue::BiasGelu(_) => {
                 let mut lanes = [0f32; 8];
                 _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(v, bias));
-                // Eight at once: the compiler vectorizes the erf polynomial, its
-                // multiply-adds fused (`kernels::gelu_fused`: every int8 route's GELU).
+                // Eight at once: the compiler vectorizes the erf polynomial.
                 for x in &mut lanes {
-                    *x = crate::kernels::gelu_fused(*x);
+                    *x = crate::kernels::gelu(*x);
                 }
                 _mm256_loadu_ps(lanes.as_ptr())
             }

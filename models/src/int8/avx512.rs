@@ -177,10 +177,9 @@ pub(super) unsafe fn store(j: &Job, row: RowScale, acc: __m512i, c0: usize, dst:
             let v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, b.as_ptr().add(c0)));
             let mut lanes = [0f32; PANEL];
             _mm512_storeu_ps(lanes.as_mut_ptr(), v);
-            // Sixteen at once: the compiler vectorizes the erf polynomial, its
-            // multiply-adds fused (`kernels::gelu_fused`: every int8 route's GELU).
+            // Sixteen at once: the compiler vectorizes the erf polynomial.
             for x in &mut lanes {
-                *x = crate::kernels::gelu_fused(*x);
+                *x = crate::kernels::gelu(*x);
             }
             _mm512_loadu_ps(lanes.as_ptr())
         }

@@ -37,7 +37,7 @@ use crate::kernels::gelu;
 use crate::{
     dense::{Dst, Epilogue, RowNorm, TaskProduct},
     isa::{cpu_isa, CpuIsa},
-    kernels::{gelu_fused, Products},
+    kernels::Products,
 };
 
 /// An output not written yet.
@@ -252,8 +252,7 @@ impl QuantLinear {
                         acc += a[g * 4 + j] as i32 * w[j] as i32;
                     }
                 }
-                let v = self.dequantize(acc, sa[r], c);
-                y[r * ldy + c].write(epi.apply(v, c, gelu_fused));
+                y[r * ldy + c].write(epi.apply(self.dequantize(acc, sa[r], c), c));
             }
         }
     }

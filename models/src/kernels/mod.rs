@@ -39,7 +39,7 @@ pub(crate) use self::{
         add_into, add_norm_rows, gated_gelu_row, gated_silu_row, layer_norm_rows, qk_norm_rope_row,
         rms_norm_rows, rope_row,
     },
-    scalar::{gelu, gelu_fused},
+    scalar::gelu,
     softmax::softmax_row,
 };
 

@@ -3,47 +3,37 @@
 
 /// erf(x) for f32, as a rational function on [-4, 4] (Eigen's `generic_fast_erf_float`,
 /// the one PyTorch and TensorFlow CPU kernels use): max abs error ~1e-7, no `exp`.
-#[inline(always)]
-pub(super) fn erf(x: f32) -> f32 {
-    erf_poly::<false>(x)
-}
-
-/// [`erf`]'s polynomial, each multiply-add fused into one rounding where `FUSED`.
+///
+/// Its multiply-adds are fused (`mul_add`): each rounds once, the same on every route (a
+/// vector FMA, or `fmaf` on a CPU without one, where it is slow), so routes still agree
+/// bit for bit, and GELU takes 18 vector operations instead of 29. GELU was a quarter of
+/// int8's up product on VNNI; fused, long passages ran 1.03× faster in f32 and 1.05× in
+/// int8 on AMX (benches/RESULTS.md).
 #[inline(always)]
 #[allow(clippy::excessive_precision)]
-fn erf_poly<const FUSED: bool>(x: f32) -> f32 {
-    let madd = |a: f32, b: f32, c: f32| if FUSED { a.mul_add(b, c) } else { a * b + c };
+pub(super) fn erf(x: f32) -> f32 {
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
-    let mut p = madd(x2, -2.72614225801306e-10, 2.77068142495902e-08);
-    p = madd(x2, p, -2.10102402082508e-06);
-    p = madd(x2, p, -5.69250639462346e-05);
-    p = madd(x2, p, -7.34990630326855e-04);
-    p = madd(x2, p, -2.95459980854025e-03);
-    p = madd(x2, p, -1.60960333262415e-02);
+    let mut p = x2.mul_add(-2.72614225801306e-10, 2.77068142495902e-08);
+    p = x2.mul_add(p, -2.10102402082508e-06);
+    p = x2.mul_add(p, -5.69250639462346e-05);
+    p = x2.mul_add(p, -7.34990630326855e-04);
+    p = x2.mul_add(p, -2.95459980854025e-03);
+    p = x2.mul_add(p, -1.60960333262415e-02);
     p *= x;
-    let mut q = madd(x2, -1.45660718464996e-05, -2.13374055278905e-04);
-    q = madd(x2, q, -1.68282697438203e-03);
-    q = madd(x2, q, -7.37332916720468e-03);
-    q = madd(x2, q, -1.42647390514189e-02);
+    let mut q = x2.mul_add(-1.45660718464996e-05, -2.13374055278905e-04);
+    q = x2.mul_add(q, -1.68282697438203e-03);
+    q = x2.mul_add(q, -7.37332916720468e-03);
+    q = x2.mul_add(q, -1.42647390514189e-02);
     p / q
 }
 
-/// The exact (erf) GELU that BERT's `hidden_act: "gelu"` means.
+/// The exact (erf) GELU that BERT's `hidden_act: "gelu"` means, as `x/2 + x/2 · erf`
+/// with one fused step, as [`erf`].
 #[inline(always)]
 pub(crate) fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
-}
-
-/// [`gelu`] with its multiply-adds fused: the int8 products' epilogue (all of its routes,
-/// the portable one included, so they still agree bit for bit: a fused multiply-add
-/// rounds once, the same on every CPU, `fmaf` where there is no instruction for it).
-/// GELU was a quarter of the up product's time on VNNI (benches/RESULTS.md); fused, it
-/// is 18 vector operations instead of 29. f32 keeps [`gelu`], which its routes share.
-#[inline(always)]
-pub(crate) fn gelu_fused(x: f32) -> f32 {
     let h = 0.5 * x;
-    h.mul_add(erf_poly::<true>(x * std::f32::consts::FRAC_1_SQRT_2), h)
+    h.mul_add(erf(x * std::f32::consts::FRAC_1_SQRT_2), h)
 }
 
 /// ln 2 split in two for [`exp`]'s Cody-Waite reduction (`HI` exact in few bits, so
