@@ -5,8 +5,8 @@
 /// the one PyTorch and TensorFlow CPU kernels use): max abs error ~1e-7, no `exp`.
 ///
 /// Its multiply-adds are fused (`mul_add`): each rounds once, the same on every route (a
-/// vector FMA, or `fmaf` on a CPU without one, where it is slow), so routes still agree
-/// bit for bit, and GELU takes 18 vector operations instead of 29. GELU was a quarter of
+/// vector FMA, or `fmaf` on a CPU without one), so routes still agree bit for bit, and
+/// GELU takes 18 vector operations instead of 29. GELU was a quarter of
 /// int8's up product on VNNI; fused, long passages ran 1.03× faster in f32 and 1.05× in
 /// int8 on AMX (benches/RESULTS.md).
 #[inline(always)]
